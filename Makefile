@@ -1,0 +1,33 @@
+# The two commands a newcomer needs: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: run test lint format venv clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements/hub.txt requirements/agent.txt requirements/dev.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements/dev.txt -e .
+	touch $(STAMP)
+
+run: venv
+	$(BIN)/python -m hub.runner serve
+
+test: venv lint
+	$(BIN)/python -m hub.runner exec --state .state/test -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: venv
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .state staticfiles .pytest_cache .ruff_cache

@@ -1,0 +1,13 @@
+"""The Celery application shared by the worker, beat and the web processes (which queue tasks)."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hub.settings")
+
+app = Celery("hub")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()

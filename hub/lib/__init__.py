@@ -1,0 +1,1 @@
+"""Django-free helpers used by the hub (importable before settings are configured)."""

@@ -1,0 +1,116 @@
+"""Start child processes so that none can outlive the dev runner, and stop them in order."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: if the runner is SIGKILLed and cannot clean up,
+    # the kernel still sends SIGTERM to each direct child (Linux only; a no-op elsewhere).
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    stop_signal: int
+    log: IO[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def exited(self) -> bool:
+        return self.process.poll() is not None
+
+
+class Supervisor:
+    """Owns every long-running child of the runner.
+
+    Each child gets its own session (so a terminal's Ctrl-C reaches only the runner, which then
+    stops children in reverse start order: web before the database it uses) and its own process
+    group (so grandchildren such as Celery's pool or Postgres backends go with it).
+    """
+
+    def __init__(self) -> None:
+        self.children: list[Child] = []
+
+    def start(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+        user: int | None = None,
+        group: int | None = None,
+        stop_signal: int = signal.SIGTERM,
+        cwd: Path | None = None,
+    ) -> Child:
+        log = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115 - closed in stop_all
+        process = subprocess.Popen(
+            list(argv),
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT if log is not None else None,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # the runner is single-threaded here
+            user=user,
+            group=group,
+            extra_groups=[] if user is not None else None,
+        )
+        child = Child(name, process, stop_signal, log)
+        self.children.append(child)
+        return child
+
+    def first_exited(self) -> Child | None:
+        return next((child for child in self.children if child.exited()), None)
+
+    def stop_all(self, timeout_s: float = 30.0) -> None:
+        for child in reversed(self.children):
+            self._stop(child, timeout_s)
+        self.children.clear()
+
+    @staticmethod
+    def _stop(child: Child, timeout_s: float) -> None:
+        if not child.exited():
+            with contextlib.suppress(ProcessLookupError):
+                child.process.send_signal(child.stop_signal)
+            try:
+                child.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                child.process.kill()
+                child.process.wait()
+        # Whatever the child left behind in its group (a pool worker that missed the memo).
+        _kill_group(child.pid)
+        if child.log is not None:
+            child.log.close()
+
+
+def _kill_group(pgid: int) -> None:
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.05)  # the group empties once the kernel has reaped its members

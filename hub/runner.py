@@ -1,0 +1,219 @@
+"""The dev runner behind `make run` and `make test`.
+
+    python -m hub.runner serve [--state DIR] [--host H] [--port P]
+    python -m hub.runner exec [--state DIR] -- COMMAND ...
+
+Without DATABASE_URL / REDIS_URL it starts the embedded Postgres and Redis under the state
+folder (data survives between runs); with them set it uses those services. `serve` then applies
+migrations, creates the demo accounts, starts Daphne, a Celery worker and Celery beat, and on
+Ctrl-C (SIGINT) or SIGTERM stops every process it started. `exec` runs one command (the test
+suite) with the same environment and stops the services afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+from hub.lib.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedServiceError
+from hub.lib.ports import wait_for_port
+from hub.lib.supervise import Supervisor
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DEFAULT_STATE_DIR = BASE_DIR / ".state"
+
+
+def _lock_state(state: Path) -> IO[str]:
+    lock = open(state / "runner.lock", "w")  # noqa: SIM115 - held for the runner's lifetime
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SystemExit(
+            f"another hub runner is using {state}; stop it first or pass --state OTHER_DIR"
+        ) from None
+    return lock
+
+
+def _secret_key_file(state: Path) -> Path:
+    path = state / "secret_key"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(50) + "\n")
+    return path
+
+
+def prepare_environment(state: Path, supervisor: Supervisor) -> dict[str, str]:
+    """The environment every hub process gets; starts embedded services where none is set."""
+    env = dict(os.environ)
+    env.setdefault("DJANGO_SETTINGS_MODULE", "hub.settings")
+    env["PYTHONUNBUFFERED"] = "1"
+    if not env.get("SECRET_KEY") and not env.get("SECRET_KEY_FILE"):
+        env["SECRET_KEY_FILE"] = str(_secret_key_file(state))
+    if not env.get("DATABASE_URL") and not env.get("DATABASE_URL_FILE"):
+        print(f"Starting embedded Postgres in {state / 'postgres'} ...", flush=True)
+        env["DATABASE_URL"] = EmbeddedPostgres(state / "postgres").start(supervisor)
+    if not env.get("REDIS_URL") and not env.get("REDIS_URL_FILE"):
+        print(f"Starting embedded Redis in {state / 'redis'} ...", flush=True)
+        env["REDIS_URL"] = EmbeddedRedis(state / "redis").start(supervisor)
+    return env
+
+
+class _StopRequested(Exception):
+    pass
+
+
+def _install_stop_handlers(stop: threading.Event) -> None:
+    def handler(signum: int, _frame: object) -> None:
+        stop.set()
+        # Interrupt a blocking step (migrations) too; the main loop just sees the event.
+        raise _StopRequested(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _manage(env: dict[str, str], *args: str) -> None:
+    subprocess.run([sys.executable, str(BASE_DIR / "manage.py"), *args], env=env, check=True)
+
+
+def serve(state: Path, host: str, port: int) -> int:
+    state.mkdir(parents=True, exist_ok=True)
+    lock = _lock_state(state)
+    supervisor = Supervisor()
+    stop = threading.Event()
+    _install_stop_handlers(stop)
+    try:
+        env = prepare_environment(state, supervisor)
+        env.setdefault("DEBUG", "1")
+        env.setdefault("HUB_PUBLIC_URL", f"http://{host}:{port}")
+        _manage(env, "migrate", "--noinput", "--verbosity", "1")
+        _manage(env, "create_demo_accounts")
+        python = sys.executable
+        supervisor.start(
+            "web",
+            [python, "-m", "daphne", "-b", host, "-p", str(port), "hub.asgi:application"],
+            env=env,
+            cwd=BASE_DIR,
+        )
+        supervisor.start(
+            "worker",
+            [python, "-m", "celery", "-A", "hub", "worker", "-l", "INFO", "-c", "2"],
+            env=env,
+            cwd=BASE_DIR,
+        )
+        supervisor.start(
+            "beat",
+            [
+                python,
+                "-m",
+                "celery",
+                "-A",
+                "hub",
+                "beat",
+                "-l",
+                "INFO",
+                "-s",
+                str(state / "celerybeat-schedule"),
+            ],
+            env=env,
+            cwd=BASE_DIR,
+        )
+        if not wait_for_port(port, host, timeout_s=60):
+            print("Daphne did not start listening; see its output above.", file=sys.stderr)
+            return 1
+        base = f"http://{host}:{port}"
+        print(
+            "\nCloudGPU hub is running:\n"
+            f"  dashboard  {base}/\n"
+            f"  admin      {base}/admin/\n"
+            f"  health     {base}/healthz\n"
+            f"  state      {state}\n"
+            "Press Ctrl-C to stop everything.\n",
+            flush=True,
+        )
+        while not stop.wait(0.5):
+            exited = supervisor.first_exited()
+            if exited is not None:
+                print(
+                    f"{exited.name} exited with status {exited.process.returncode}; stopping.",
+                    file=sys.stderr,
+                )
+                return 1
+        return 0
+    except _StopRequested:
+        return 0
+    except (EmbeddedServiceError, subprocess.CalledProcessError) as exc:
+        print(f"hub runner: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        # Stopping must not itself be interrupted by a second Ctrl-C.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("Stopping hub processes ...", flush=True)
+        supervisor.stop_all()
+        lock.close()
+        print("Stopped.", flush=True)
+
+
+def exec_command(state: Path, command: Sequence[str]) -> int:
+    state.mkdir(parents=True, exist_ok=True)
+    lock = _lock_state(state)
+    supervisor = Supervisor()
+    try:
+        env = prepare_environment(state, supervisor)
+        # The command shares our terminal, so Ctrl-C reaches it directly; we wait it out.
+        process = subprocess.Popen(list(command), env=env)
+        while True:
+            try:
+                return process.wait()
+            except KeyboardInterrupt:
+                continue
+    except EmbeddedServiceError as exc:
+        print(f"hub runner: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        supervisor.stop_all()
+        lock.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m hub.runner", description=__doc__.split("\n")[0]
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_parser = commands.add_parser("serve", help="run the whole hub (make run)")
+    serve_parser.add_argument("--host", default=os.environ.get("HUB_HOST", "127.0.0.1"))
+    serve_parser.add_argument("--port", type=int, default=int(os.environ.get("HUB_PORT", "8000")))
+    exec_parser = commands.add_parser(
+        "exec", help="run COMMAND with the hub's services (make test)"
+    )
+    exec_parser.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND")
+    for sub in (serve_parser, exec_parser):
+        sub.add_argument(
+            "--state",
+            type=Path,
+            default=Path(os.environ.get("CLOUDGPU_STATE_DIR", DEFAULT_STATE_DIR)),
+            help="folder for embedded Postgres/Redis data and local secrets",
+        )
+    args = parser.parse_args(argv)
+    state = args.state.resolve()
+    if args.command == "serve":
+        return serve(state, args.host, args.port)
+    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not command:
+        parser.error("exec needs a command after --")
+    return exec_command(state, command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""The hub's one settings module, driven by the environment (see .env.example).
+
+Production-safe by default: DEBUG is off unless asked for, a real SECRET_KEY is required
+without DEBUG, and HTTPS hardening follows from an ``https://`` HUB_PUBLIC_URL.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+from hub.lib.env import (
+    EnvError,
+    database_from_url,
+    env_bool,
+    env_int,
+    env_list,
+    env_secret,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+# Only ever good enough for DEBUG on a laptop; refused below otherwise.
+_DEV_SECRET_KEY = "dev-insecure-cloudgpu-secret-key-do-not-use-in-production"  # noqa: S105
+
+try:
+    DEBUG = env_bool("DEBUG", False)
+    SECRET_KEY = env_secret("SECRET_KEY", _DEV_SECRET_KEY)
+    HUB_PUBLIC_URL = env_str("HUB_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+    _database_url = env_secret("DATABASE_URL")
+    REDIS_URL = env_secret("REDIS_URL")
+    if not _database_url:
+        raise EnvError(
+            "DATABASE_URL is not set. `make run` starts an embedded Postgres and sets it for you; "
+            "elsewhere set DATABASE_URL=postgres://user:password@host:5432/dbname"
+        )
+    if not REDIS_URL:
+        raise EnvError(
+            "REDIS_URL is not set. `make run` starts an embedded Redis and sets it for you; "
+            "elsewhere set REDIS_URL=redis://host:6379/0"
+        )
+    DATABASES = {"default": database_from_url(_database_url)}
+    DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 0)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+except EnvError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
+
+if not DEBUG and (SECRET_KEY == _DEV_SECRET_KEY or len(SECRET_KEY) < 32):
+    raise ImproperlyConfigured(
+        "SECRET_KEY (or SECRET_KEY_FILE) must be set to a random string of 50+ characters "
+        "when DEBUG is off; generate one with: "
+        "python -c 'import secrets; print(secrets.token_urlsafe(50))'"
+    )
+
+_public = urlsplit(HUB_PUBLIC_URL)
+if _public.scheme not in {"http", "https"} or not _public.hostname:
+    raise ImproperlyConfigured(
+        f"HUB_PUBLIC_URL must look like https://hub.example.com, not {HUB_PUBLIC_URL!r}"
+    )
+PUBLIC_HTTPS = _public.scheme == "https"
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [_public.hostname, "localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [f"{_public.scheme}://{_public.netloc}"])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "hub.accounts",
+    "hub.health",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "hub.urls"
+ASGI_APPLICATION = "hub.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+AUTH_USER_MODEL = "accounts.User"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+# Set where a collectstatic step runs (the container image); without one (make run, tests)
+# WhiteNoise serves straight from the apps' static folders.
+STATIC_ROOT = env_str("STATIC_ROOT") or None
+WHITENOISE_USE_FINDERS = DEBUG or STATIC_ROOT is None
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- HTTPS hardening: follows the public URL, each knob overridable ----------------------------
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", PUBLIC_HTTPS)
+SESSION_COOKIE_SECURE = PUBLIC_HTTPS
+CSRF_COOKIE_SECURE = PUBLIC_HTTPS
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000 if PUBLIC_HTTPS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", PUBLIC_HTTPS)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", PUBLIC_HTTPS)
+if env_bool("TRUST_X_FORWARDED_PROTO", False):
+    # Only behind a proxy that overwrites this header; otherwise clients could forge it.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+
+# --- Channels and Celery share one Redis; Redis holds nothing that cannot be lost -------------
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("CHANNELS_PREFIX", "cloudgpu")},
+    },
+}
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = REDIS_URL
+CELERY_RESULT_EXPIRES = 3600
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A task that is not acked within this window is redelivered; no countdown may exceed it.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600)}
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}

@@ -1,0 +1,159 @@
+"""`make run`'s runner, run for real: embedded Postgres and Redis, Daphne, Celery worker, beat."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+from hub.lib.ports import free_port
+from tests.support.polling import wait_for
+from tests.support.processes import REPO_ROOT
+
+# Whatever points the tests at external services must not reach the runner: it has to start
+# its own embedded ones.
+_SERVICE_VARS = (
+    "DATABASE_URL",
+    "DATABASE_URL_FILE",
+    "REDIS_URL",
+    "REDIS_URL_FILE",
+    "SECRET_KEY",
+    "SECRET_KEY_FILE",
+    "DEBUG",
+    "HUB_PUBLIC_URL",
+    "ALLOWED_HOSTS",
+)
+_PASSWORD = re.compile(r"demo-account username=(\w+) password=(\S+)")
+
+
+@dataclass
+class Runner:
+    process: subprocess.Popen[str]
+    base_url: str
+    output: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        return "".join(self.output)
+
+
+@contextmanager
+def runner(state: Path) -> Iterator[Runner]:
+    env = {k: v for k, v in os.environ.items() if k not in _SERVICE_VARS}
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hub.runner", "serve", "--state", str(state), "--port", str(port)],
+        cwd=REPO_ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    run = Runner(process, f"http://127.0.0.1:{port}")
+    reader = threading.Thread(target=lambda: run.output.extend(iter(process.stdout.readline, "")))
+    reader.start()
+    try:
+        wait_for(lambda: _healthy(run), timeout_s=180, interval_s=0.5, what="/healthz = 200")
+        yield run
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        reader.join(timeout=10)
+        process.stdout.close()
+
+
+def _healthy(run: Runner) -> bool:
+    if run.process.poll() is not None:
+        raise AssertionError(f"runner exited early:\n{run.text()}")
+    try:
+        return httpx.get(f"{run.base_url}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _demo_passwords(run: Runner) -> dict[str, str]:
+    return dict(_PASSWORD.findall(run.text()))
+
+
+def _admin_login(base_url: str, username: str, password: str) -> httpx.Response:
+    with httpx.Client(base_url=base_url, follow_redirects=True, timeout=30) as client:
+        client.get("/admin/login/")
+        return client.post(
+            "/admin/login/?next=/admin/",
+            data={
+                "username": username,
+                "password": password,
+                "csrfmiddlewaretoken": client.cookies["csrftoken"],
+                "next": "/admin/",
+            },
+            headers={"Referer": f"{base_url}/admin/login/"},
+        )
+
+
+def _started_processes(run: Runner) -> dict[psutil.Process, str]:
+    """Every process under the runner, with its command line (short-lived ones may vanish)."""
+    started = {}
+    for proc in psutil.Process(run.process.pid).children(recursive=True):
+        try:
+            started[proc] = " ".join(proc.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+    return started
+
+
+def _still_running(proc: psutil.Process) -> bool:
+    # is_running() compares the creation time too, so a reused pid does not count.
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_runner_serves_the_hub_and_leaves_no_process_behind(state_dir: Path) -> None:
+    with runner(state_dir) as run:
+        passwords = _demo_passwords(run)
+        assert set(passwords) == {"admin", "renter", "supplier"}
+
+        page = _admin_login(run.base_url, "admin", passwords["admin"])
+        assert page.status_code == 200
+        assert "Site administration" in page.text
+
+        started = _started_processes(run)
+        commands = " ".join(started.values())
+        for expected in ("postgres", "redis-server", "daphne", "worker", "beat"):
+            assert expected in commands, f"{expected} is not running under the runner"
+
+        run.process.send_signal(signal.SIGINT)
+        assert run.process.wait(timeout=90) == 0
+
+    left = {p.pid: cmdline for p, cmdline in started.items() if _still_running(p)}
+    assert left == {}, f"left running: {left}"
+
+
+def test_second_run_reuses_the_data(state_dir: Path) -> None:
+    with runner(state_dir) as first:
+        password = _demo_passwords(first)["admin"]
+    assert first.process.returncode == 0
+
+    with runner(state_dir) as second:
+        assert _demo_passwords(second) == {}, "passwords must be printed only once"
+        assert "Demo accounts already exist" in second.text()
+        page = _admin_login(second.base_url, "admin", "wrong-password")
+        assert "Please enter the correct username and password" in page.text
+        # The admin account and its password from the first run are still there.
+        page = _admin_login(second.base_url, "admin", password)
+        assert "Site administration" in page.text

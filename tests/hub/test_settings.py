@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hub.lib.env import EnvError, database_from_url, env_bool, env_int, env_secret
+from tests.support.processes import REPO_ROOT, hub_env
+
+
+def _without_secrets(**extra: str) -> dict[str, str]:
+    env = hub_env(**extra)
+    for name in ("SECRET_KEY", "SECRET_KEY_FILE", "DEBUG"):
+        if name not in extra:
+            env.pop(name, None)
+    return env
+
+
+def _manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_refuses_to_start_without_debug_on_default_secret_key() -> None:
+    result = _manage(_without_secrets(), "check")
+    assert result.returncode != 0
+    assert "SECRET_KEY" in result.stderr
+    assert "ImproperlyConfigured" in result.stderr
+
+
+def test_debug_tolerates_the_default_secret_key() -> None:
+    result = _manage(_without_secrets(DEBUG="1"), "check")
+    assert result.returncode == 0, result.stderr
+
+
+def test_check_deploy_is_clean_under_production_like_settings(tmp_path: Path) -> None:
+    key_file = tmp_path / "secret_key"
+    key_file.write_text(secrets.token_urlsafe(50) + "\n")
+    env = _without_secrets(
+        SECRET_KEY_FILE=str(key_file),
+        DEBUG="0",
+        HUB_PUBLIC_URL="https://hub.example.com",
+        ALLOWED_HOSTS="hub.example.com",
+    )
+    result = _manage(env, "check", "--deploy", "--fail-level", "WARNING")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
+
+
+def test_rejects_a_database_url_that_is_not_postgres() -> None:
+    result = _manage(_without_secrets(DEBUG="1", DATABASE_URL="sqlite:///db.sqlite3"), "check")
+    assert result.returncode != 0
+    assert "PostgreSQL only" in result.stderr
+
+
+def test_database_url_becomes_a_postgres_entry() -> None:
+    entry = database_from_url("postgres://u%40x:p%2Fw@db.internal:6543/cloud?sslmode=require")
+    assert entry["ENGINE"] == "django.db.backends.postgresql"
+    assert (entry["USER"], entry["PASSWORD"]) == ("u@x", "p/w")
+    assert (entry["HOST"], entry["PORT"], entry["NAME"]) == ("db.internal", "6543", "cloud")
+    assert entry["OPTIONS"] == {"sslmode": "require"}
+
+
+def test_database_url_without_a_name_is_refused() -> None:
+    with pytest.raises(EnvError, match="names no database"):
+        database_from_url("postgres://u@h:5432/")
+
+
+def test_env_bool_refuses_a_typo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SOME_FLAG", "ture")
+    with pytest.raises(EnvError, match="SOME_FLAG"):
+        env_bool("SOME_FLAG")
+
+
+def test_env_int_refuses_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SOME_NUMBER", "ten")
+    with pytest.raises(EnvError, match="SOME_NUMBER"):
+        env_int("SOME_NUMBER", 1)
+
+
+def test_secrets_are_read_from_a_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    secret = tmp_path / "token"
+    secret.write_text("from-the-file\n")
+    monkeypatch.delenv("MY_SECRET", raising=False)
+    monkeypatch.setenv("MY_SECRET_FILE", str(secret))
+    assert env_secret("MY_SECRET") == "from-the-file"
+
+
+def test_an_unreadable_secret_file_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("MY_SECRET", raising=False)
+    monkeypatch.setenv("MY_SECRET_FILE", str(tmp_path / "missing"))
+    with pytest.raises(EnvError, match="MY_SECRET_FILE"):
+        env_secret("MY_SECRET")

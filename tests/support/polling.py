@@ -1,0 +1,27 @@
+"""Waiting in tests: poll for a condition with a deadline, never sleep a fixed time."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_for(
+    probe: Callable[[], T | None],
+    *,
+    timeout_s: float,
+    interval_s: float = 0.1,
+    what: str = "condition",
+) -> T:
+    """Call ``probe`` until it returns something truthy; fail the test at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(interval_s)
