@@ -1,0 +1,22 @@
+# The hub image: one image for the web (Daphne), worker and beat processes.
+FROM python:3.11-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    STATIC_ROOT=/app/staticfiles
+
+RUN groupadd --system cloudgpu && useradd --system --gid cloudgpu --home-dir /app cloudgpu
+WORKDIR /app
+
+COPY requirements/ requirements/
+RUN pip install -r requirements/hub.txt
+
+COPY . .
+# collectstatic imports settings, which insist on real URLs and a secret; none is used here.
+RUN DEBUG=1 DATABASE_URL=postgres://build@localhost/build REDIS_URL=redis://localhost:6379/0 \
+    python manage.py collectstatic --noinput --verbosity 0
+
+USER cloudgpu
+EXPOSE 8000
+CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "hub.asgi:application"]
