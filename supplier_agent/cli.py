@@ -1,13 +1,36 @@
-"""The ``cloudgpu-agent`` command line. Exit codes are part of the interface:
-0 success, 1 error, 2 usage error (argparse's own convention)."""
+"""The ``cloudgpu-agent`` command line.
+
+Exit codes are part of the interface: 0 success; 1 error; 2 usage error; ``smoke`` also
+3 (no answer from the hub in 10 s) and 4 (token rejected).
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import getpass
+import logging
+import os
 import platform
+import signal
 import sys
+from collections.abc import Sequence
 
 from supplier_agent import __version__
+from supplier_agent.config import (
+    COMPUTE_MODES,
+    GPU_DEVICES,
+    RUNTIMES,
+    AgentConfig,
+    ConfigError,
+    default_state_dir,
+    load,
+    validate_token,
+    websocket_url,
+    write_file,
+)
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_ANSWER, EXIT_TOKEN_REJECTED = 0, 1, 2, 3, 4
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,16 +39,162 @@ def build_parser() -> argparse.ArgumentParser:
         description="CloudGPU supplier agent: rents out this host's GPUs through a CloudGPU hub.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def with_state(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        sub.add_argument("--state", help=f"state folder (default {default_state_dir()})")
+        return sub
+
+    configure = with_state(
+        commands.add_parser(
+            "configure", help="write the config file; the supplier token is read from stdin"
+        )
+    )
+    configure.add_argument(
+        "--hub", required=True, help="the hub's URL, e.g. https://hub.example.com"
+    )
+    configure.add_argument("--runtime", choices=RUNTIMES, default="docker")
+    configure.add_argument("--compute-mode", choices=COMPUTE_MODES, default="best-effort")
+    configure.add_argument("--gpu-devices", choices=GPU_DEVICES, default="nvidia")
+    configure.add_argument("--lock-dir", default="/var/lock")
+
+    run = with_state(commands.add_parser("run", help="connect to the hub and serve leases"))
+    run.add_argument("--hub")
+    run.add_argument("--runtime", choices=RUNTIMES)
+    run.add_argument(
+        "--compute-mode",
+        choices=COMPUTE_MODES,
+        help="require: fail a reserve that cannot set EXCLUSIVE_PROCESS; best-effort: go on "
+        "and say so; skip: never change the GPU's compute mode",
+    )
+    run.add_argument(
+        "--gpu-devices",
+        choices=GPU_DEVICES,
+        help="none: start containers without GPUs (control-plane testing without the toolkit)",
+    )
+    run.add_argument("--lock-dir")
+    run.add_argument("--log-level")
+
+    smoke = with_state(commands.add_parser("smoke", help="one handshake with the hub, then exit"))
+    smoke.add_argument("--hub")
+
+    doctor = with_state(commands.add_parser("doctor", help="report what this host can offer"))
+    doctor.add_argument("--connectivity", action="store_true", help="also try the hub")
+
     commands.add_parser("version", help="print the agent version and exit")
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def _flags(args: argparse.Namespace) -> dict[str, str | None]:
+    keys = ("state", "hub", "runtime", "compute_mode", "gpu_devices", "lock_dir", "log_level")
+    return {key: getattr(args, key, None) for key in keys}
+
+
+def _read_token() -> str:
+    if sys.stdin is None:
+        raise ConfigError("no stdin to read the token from")
+    if sys.stdin.isatty():
+        return getpass.getpass("Supplier token: ")
+    return sys.stdin.readline()
+
+
+def cmd_configure(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    websocket_url(args.hub)
+    token = validate_token(_read_token())
+    state_dir = Path(args.state) if args.state else default_state_dir()
+    path = write_file(
+        state_dir,
+        {
+            "hub": args.hub,
+            "token": token,
+            "runtime": args.runtime,
+            "compute_mode": args.compute_mode,
+            "gpu_devices": args.gpu_devices,
+            "lock_dir": args.lock_dir,
+        },
+    )
+    print(f"wrote {path} (mode 0600)")
+    return EXIT_OK
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level, logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # websockets logs handshake details at DEBUG, headers included: keep it quiet.
+    logging.getLogger("websockets").setLevel(logging.WARNING)
+
+
+def cmd_run(config: AgentConfig) -> int:
+    from supplier_agent.agent import Agent
+    from supplier_agent.state import AgentState
+
+    _setup_logging(config.log_level)
+    state = AgentState(config.state_dir)
+    runtime = make_runtime(config, state.agent_id)
+    agent = Agent(config, runtime, state)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def on_signal(signum: int) -> None:
+            if stop.is_set():
+                logging.getLogger("cloudgpu.agent").error("second signal: exiting now")
+                os._exit(EXIT_ERROR)
+            logging.getLogger("cloudgpu.agent").info(
+                "%s: shutting down (containers keep running)", signal.Signals(signum).name
+            )
+            stop.set()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, on_signal, signum)
+        await agent.run(stop)
+
+    logging.getLogger("cloudgpu.agent").info(
+        "cloudgpu-agent %s starting (runtime %s, hub %s, agent id %s)",
+        __version__,
+        config.runtime,
+        config.ws_url,
+        state.agent_id,
+    )
+    asyncio.run(main())
+    return EXIT_OK
+
+
+def make_runtime(config: AgentConfig, agent_id: str) -> object:
+    if config.runtime == "mock":
+        from supplier_agent.mock_runtime import MockRuntime
+
+        return MockRuntime(agent_id)
+    from supplier_agent.docker_runtime import DockerRuntime
+
+    return DockerRuntime(config, agent_id)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "version":
         print(f"cloudgpu-agent {__version__} (Python {platform.python_version()})")
-        return 0
-    return 2  # pragma: no cover - argparse rejects unknown commands before this
+        return EXIT_OK
+    try:
+        if args.command == "configure":
+            return cmd_configure(args)
+        if args.command == "doctor":
+            from supplier_agent.doctor import run_doctor
+
+            return run_doctor(args.state, connectivity=args.connectivity)
+        config = load(_flags(args))
+        if args.command == "smoke":
+            from supplier_agent.smoke import run_smoke
+
+            return run_smoke(config)
+        return cmd_run(config)
+    except ConfigError as exc:
+        print(f"cloudgpu-agent: {exc}", file=sys.stderr)
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

@@ -1,0 +1,392 @@
+"""The agent's connection to the hub: register, heartbeat, execute commands, reconnect.
+
+One outbound WebSocket (the agent never listens). Commands are executed at most once in
+effect: answers are journaled by ``command_id`` in the state folder, and every runtime step is
+idempotent besides. Containers outlive the agent process and are re-adopted on start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+
+from supplier_agent import __version__
+from supplier_agent.config import AgentConfig
+from supplier_agent.hostinfo import read_host_info
+from supplier_agent.protocol import (
+    HUB_TO_AGENT,
+    MAX_FRAME_BYTES,
+    Ack,
+    ClaimState,
+    Command,
+    ContainerExited,
+    DockerRun,
+    Error,
+    Heartbeat,
+    Message,
+    Ping,
+    Pong,
+    ProtocolError,
+    Register,
+    Release,
+    Reserve,
+    Welcome,
+    encode,
+    parse_message,
+)
+from supplier_agent.runtime import CommandFailed, Runtime
+from supplier_agent.state import AgentState, Claim
+
+log = logging.getLogger("cloudgpu.agent")
+
+WELCOME_TIMEOUT_S = 10.0
+BACKOFF_BASE_S = 1.0
+BACKOFF_CAP_S = 60.0
+# A connection that lived this long counts as healthy: the next failure starts backoff afresh.
+STABLE_CONNECTION_S = 60.0
+DEADMAN_CHECK_S = 5.0
+
+
+class TokenRejected(Exception):
+    """The hub refused our token at the handshake (HTTP 401/403)."""
+
+
+def open_connection(config: AgentConfig) -> Any:
+    """The one place that dials the hub: bearer token in a header, never in the URL."""
+    return connect(
+        config.ws_url,
+        additional_headers={"Authorization": f"Bearer {config.token}"},
+        user_agent_header=f"cloudgpu-agent/{__version__}",
+        compression=None,  # small JSON frames; deflate costs the hub memory per socket
+        open_timeout=WELCOME_TIMEOUT_S,
+        max_size=MAX_FRAME_BYTES,
+        ping_interval=20,
+        ping_timeout=20,
+        close_timeout=5,
+    )
+
+
+def classify_handshake_error(exc: Exception) -> Exception:
+    if isinstance(exc, InvalidStatus) and exc.response.status_code in {401, 403}:
+        return TokenRejected(f"the hub rejected the token (HTTP {exc.response.status_code})")
+    return exc
+
+
+def register_message(state: AgentState, runtime_name: str, gpus: list[Any]) -> Register:
+    host = read_host_info()
+    return Register(
+        agent_id=state.agent_id,
+        hostname=host.hostname,
+        os=host.os,
+        arch=host.arch,
+        cpu_model=host.cpu_model,
+        cpu_count=host.cpu_count,
+        ram_bytes=host.ram_bytes,
+        agent_version=__version__,
+        runtime=runtime_name,
+        gpus=tuple(gpus),
+        claims=claim_states(state),
+    )
+
+
+def claim_states(state: AgentState) -> tuple[ClaimState, ...]:
+    return tuple(
+        ClaimState(
+            lease_id=claim.lease_id,
+            gpu_indices=tuple(claim.gpu_indices),
+            epoch=claim.epoch,
+            container_id=claim.container_id,
+            ports=dict(claim.ports),
+        )
+        for claim in state.claims.values()
+    )
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, runtime: Runtime, state: AgentState) -> None:
+        self.config = config
+        self.runtime = runtime
+        self.state = state
+        self.heartbeat_interval_s = 15.0
+        self.connected = asyncio.Event()
+        self._outbox: asyncio.Queue[Message] = asyncio.Queue()
+        self._lease_locks: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        held = await self.runtime.adopt(dict(self.state.claims))
+        for lease_id in list(self.state.claims):
+            if lease_id not in held:
+                log.info("claim for lease %s did not survive; dropping it", lease_id)
+                self.state.drop_claim(lease_id)
+        watcher_stop = threading.Event()
+        loop = asyncio.get_running_loop()
+
+        def report_exit(lease_id: str, exit_code: int, log_tail: str) -> None:
+            message = ContainerExited(lease_id=lease_id, exit_code=exit_code, log_tail=log_tail)
+            loop.call_soon_threadsafe(self._outbox.put_nowait, message)
+
+        watcher = loop.run_in_executor(None, self.runtime.watch_exits, report_exit, watcher_stop)
+        deadman = asyncio.create_task(self._deadman_loop(stop))
+        try:
+            await self._connect_forever(stop)
+        finally:
+            watcher_stop.set()
+            deadman.cancel()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(deadman, *self._tasks, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(watcher, timeout=10)
+            await self.runtime.close()
+
+    async def _connect_forever(self, stop: asyncio.Event) -> None:
+        attempt = 0
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                await self._session(stop)
+            except TokenRejected as exc:
+                log.error("%s; check the token with `cloudgpu-agent smoke`", exc)
+            except (OSError, InvalidHandshake, ConnectionClosed, asyncio.TimeoutError) as exc:
+                log.warning("connection to the hub lost: %s", _describe(exc))
+            except ProtocolError as exc:
+                log.warning("the hub sent something unexpected: %s", exc)
+            finally:
+                self.connected.clear()
+            if stop.is_set():
+                return
+            if time.monotonic() - started > STABLE_CONNECTION_S:
+                attempt = 0
+            # Full jitter: thousands of agents reconnecting after a hub restart spread out.
+            delay = random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**attempt))  # noqa: S311
+            attempt += 1
+            log.info("reconnecting in %.1f s", delay)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+
+    async def _session(self, stop: asyncio.Event) -> None:
+        try:
+            connection = await open_connection(self.config)
+        except InvalidStatus as exc:
+            raise classify_handshake_error(exc) from None
+        async with connection as ws:
+            gpus = await self.runtime.gpus()
+            await ws.send(encode(register_message(self.state, self.runtime.name, gpus)))
+            welcome = await asyncio.wait_for(self._await_welcome(ws), WELCOME_TIMEOUT_S)
+            log.info("connected to the hub as host %s", welcome.host_id)
+            self.connected.set()
+            await self._apply_welcome(welcome)
+            workers = [
+                asyncio.create_task(self._receive_loop(ws)),
+                asyncio.create_task(self._heartbeat_loop(ws)),
+                asyncio.create_task(self._outbox_loop(ws)),
+                asyncio.create_task(stop.wait()),
+            ]
+            try:
+                done, _ = await asyncio.wait(workers, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in workers:
+                    task.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+
+    async def _await_welcome(self, ws: ClientConnection) -> Welcome:
+        while True:
+            message = await self._read(ws)
+            if isinstance(message, Welcome):
+                return message
+            if isinstance(message, Error):
+                raise ProtocolError(f"the hub refused registration: {message.reason}")
+
+    async def _read(self, ws: ClientConnection) -> Message | None:
+        frame = await ws.recv()
+        try:
+            return parse_message(frame, allowed=HUB_TO_AGENT)
+        except ProtocolError as exc:
+            log.warning("invalid frame from the hub: %s", exc)
+            await ws.send(encode(Error(reason=str(exc))))
+            return None
+
+    async def _apply_welcome(self, welcome: Welcome) -> None:
+        self.heartbeat_interval_s = float(welcome.heartbeat_interval_s)
+        desired = set(welcome.desired_claims)
+        for lease_id in [lease for lease in self.state.claims if lease not in desired]:
+            log.info("the hub does not know lease %s; releasing its claim", lease_id)
+            await self._release_locally(lease_id)
+        if welcome.prepull_images:
+            self._spawn(self.runtime.prepull(welcome.prepull_images))
+
+    # --- loops ----------------------------------------------------------------------------
+
+    async def _receive_loop(self, ws: ClientConnection) -> None:
+        while True:
+            message = await self._read(ws)
+            if message is None:
+                continue
+            if isinstance(message, Ping):
+                await ws.send(encode(Pong(nonce=message.nonce)))
+            elif isinstance(message, Command):
+                self._spawn(self._handle_command(ws, message))
+            elif isinstance(message, Welcome):
+                await self._apply_welcome(message)
+            elif isinstance(message, Error):
+                log.warning("the hub reports an error: %s", message.reason)
+
+    async def _heartbeat_loop(self, ws: ClientConnection) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval_s)
+            gpus = await self.runtime.gpus()
+            await ws.send(encode(Heartbeat(gpus=tuple(gpus), claims=claim_states(self.state))))
+
+    async def _outbox_loop(self, ws: ClientConnection) -> None:
+        while True:
+            message = await self._outbox.get()
+            try:
+                await ws.send(encode(message))
+            except ConnectionClosed:
+                # Keep it for the next connection: a container exit must reach the hub.
+                self._outbox.put_nowait(message)
+                raise
+
+    async def _deadman_loop(self, stop: asyncio.Event) -> None:
+        """While the hub is away, end leases whose paid time is over; never a paid one."""
+        while not stop.is_set():
+            await asyncio.sleep(DEADMAN_CHECK_S)
+            if self.connected.is_set():
+                continue
+            now = datetime.now(timezone.utc)
+            for claim in list(self.state.claims.values()):
+                paid_until = _parse_time(claim.paid_until)
+                if paid_until is not None and paid_until < now:
+                    log.warning(
+                        "hub unreachable and lease %s paid only until %s: releasing it",
+                        claim.lease_id,
+                        claim.paid_until,
+                    )
+                    await self._release_locally(claim.lease_id)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- commands -------------------------------------------------------------------------
+
+    async def _handle_command(self, ws: ClientConnection, command: Command) -> None:
+        lock = self._lease_locks.setdefault(command.lease_id, asyncio.Lock())
+        async with lock:
+            stored = self.state.answer_for(command.command_id)
+            if stored is None:
+                ack = await self.execute(command)
+                self.state.remember_answer(command.command_id, ack.to_dict())
+            else:
+                log.info("command %s seen before; repeating its answer", command.command_id)
+                ack = Ack.from_dict(stored)
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(encode(ack))
+
+    async def execute(self, command: Command) -> Ack:
+        try:
+            if isinstance(command, Reserve):
+                result = await self._reserve(command)
+            elif isinstance(command, DockerRun):
+                result = await self._docker_run(command)
+            elif isinstance(command, Release):
+                result = await self._release(command)
+            else:  # pragma: no cover - parse_message only yields the above
+                raise CommandFailed(f"unsupported command {command.TYPE}")
+        except CommandFailed as exc:
+            log.warning("%s for lease %s failed: %s", command.TYPE, command.lease_id, exc)
+            return Ack(command_id=command.command_id, ok=False, error=str(exc))
+        except Exception as exc:
+            # A bug or an engine failure must cost one command, not the connection.
+            log.exception("%s for lease %s crashed", command.TYPE, command.lease_id)
+            return Ack(command_id=command.command_id, ok=False, error=f"agent error: {exc}")
+        return Ack(command_id=command.command_id, ok=True, result=result)
+
+    def _check_epoch(self, gpu_indices: list[int] | tuple[int, ...], epoch: int) -> None:
+        newer = self.state.stale_epoch(gpu_indices, epoch)
+        if newer is not None:
+            raise CommandFailed(f"stale epoch {epoch}: GPU already granted under epoch {newer}")
+
+    async def _reserve(self, command: Reserve) -> dict[str, Any]:
+        selector = command.selector
+        if selector and isinstance(selector[0], int):
+            self._check_epoch(selector, command.epoch)  # type: ignore[arg-type]
+        outcome = await self.runtime.reserve(command.lease_id, selector)
+        try:
+            self._check_epoch(outcome.gpu_indices, command.epoch)
+        except CommandFailed:
+            await self.runtime.release(command.lease_id, None)
+            raise
+        self.state.note_epoch(outcome.gpu_indices, command.epoch)
+        existing = self.state.claims.get(command.lease_id)
+        claim = Claim(
+            lease_id=command.lease_id,
+            gpu_indices=list(outcome.gpu_indices),
+            epoch=command.epoch,
+            container_id=existing.container_id if existing else None,
+            ports=dict(existing.ports) if existing else {},
+            paid_until=existing.paid_until if existing else None,
+        )
+        self.state.save_claim(claim)
+        return {"gpu_indices": list(outcome.gpu_indices), "warnings": list(outcome.warnings)}
+
+    async def _docker_run(self, command: DockerRun) -> dict[str, Any]:
+        claim = self.state.claims.get(command.lease_id)
+        if claim is None:
+            raise CommandFailed(f"lease {command.lease_id} holds no GPU here; reserve comes first")
+        self._check_epoch(claim.gpu_indices, command.epoch)
+        claim.paid_until = command.paid_until
+        outcome = await self.runtime.start(command, claim)
+        claim.container_id = outcome.container_id
+        claim.ports = dict(outcome.ports)
+        self.state.save_claim(claim)
+        return {"container_id": outcome.container_id, "ports": outcome.ports, **outcome.extra}
+
+    async def _release(self, command: Release) -> dict[str, Any]:
+        claim = self.state.claims.get(command.lease_id)
+        if claim is not None:
+            self._check_epoch(claim.gpu_indices, command.epoch)
+        warnings = await self.runtime.release(command.lease_id, claim)
+        self.state.drop_claim(command.lease_id)
+        return {"warnings": warnings}
+
+    async def _release_locally(self, lease_id: str) -> None:
+        lock = self._lease_locks.setdefault(lease_id, asyncio.Lock())
+        async with lock:
+            claim = self.state.claims.get(lease_id)
+            try:
+                await self.runtime.release(lease_id, claim)
+            except Exception:
+                log.exception("releasing lease %s failed; will retry on next start", lease_id)
+                return
+            self.state.drop_claim(lease_id)
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

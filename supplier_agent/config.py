@@ -1,0 +1,142 @@
+"""Agent settings: command-line flag, then ``CLOUDGPU_*`` environment, then the config file
+(``<state>/cloudgpu-agent.conf``, mode 0600, written by ``configure``), then defaults."""
+
+from __future__ import annotations
+
+import configparser
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+CONFIG_NAME = "cloudgpu-agent.conf"
+WS_PATH = "/api/p2p/ws/"
+RUNTIMES = ("docker", "mock")
+COMPUTE_MODES = ("best-effort", "require", "skip")
+GPU_DEVICES = ("nvidia", "none")
+MAX_TOKEN_LEN = 256
+
+
+class ConfigError(ValueError):
+    """A setting is missing or unusable; the message says which and how to fix it."""
+
+
+def default_state_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/lib/cloudgpu-agent")
+    return (
+        Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "cloudgpu-agent"
+    )
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    hub_url: str
+    token: str = field(repr=False)  # never in a repr, a log line or an argv
+    state_dir: Path
+    runtime: str = "docker"
+    compute_mode: str = "best-effort"
+    gpu_devices: str = "nvidia"
+    lock_dir: Path = Path("/var/lock")
+    log_level: str = "INFO"
+
+    @property
+    def ws_url(self) -> str:
+        return websocket_url(self.hub_url)
+
+
+def websocket_url(hub_url: str) -> str:
+    """``https://hub.example.com`` -> ``wss://hub.example.com/api/p2p/ws/``."""
+    parts = urlsplit(hub_url.strip())
+    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme)
+    if scheme is None or not parts.hostname:
+        raise ConfigError(f"hub URL must look like https://hub.example.com, not {hub_url!r}")
+    if parts.username or parts.password or parts.query:
+        raise ConfigError(
+            "hub URL must not carry credentials or a query; the token goes in the config"
+        )
+    path = parts.path if parts.path not in {"", "/"} else WS_PATH
+    return urlunsplit((scheme, parts.netloc, path, "", ""))
+
+
+def validate_token(token: str) -> str:
+    token = token.strip()
+    if not token:
+        raise ConfigError("the supplier token is empty")
+    if len(token) > MAX_TOKEN_LEN or not token.isascii() or any(c.isspace() for c in token):
+        raise ConfigError("the supplier token has an unexpected form; copy it again from the hub")
+    return token
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
+    return value
+
+
+def read_file(state_dir: Path) -> dict[str, str]:
+    path = state_dir / CONFIG_NAME
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        with open(path) as handle:
+            parser.read_file(handle)
+    except FileNotFoundError:
+        return {}
+    except (OSError, configparser.Error) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    return dict(parser["agent"]) if parser.has_section("agent") else {}
+
+
+def write_file(state_dir: Path, values: dict[str, str]) -> Path:
+    """Write the config atomically with mode 0600 (it holds the token)."""
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = state_dir / CONFIG_NAME
+    parser = configparser.ConfigParser(interpolation=None)
+    parser["agent"] = values
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        parser.write(handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def load(flags: dict[str, str | None], env: dict[str, str] | None = None) -> AgentConfig:
+    """Merge flag > CLOUDGPU_* env > config file > default into one checked config."""
+    env = dict(os.environ) if env is None else env
+    state_dir = Path(flags.get("state") or env.get("CLOUDGPU_STATE_DIR") or default_state_dir())
+    file_values = read_file(state_dir)
+
+    def pick(key: str, default: str | None = None) -> str | None:
+        return (
+            flags.get(key) or env.get(f"CLOUDGPU_{key.upper()}") or file_values.get(key) or default
+        )
+
+    hub = pick("hub")
+    if not hub:
+        raise ConfigError(
+            f"no hub URL: run `cloudgpu-agent configure --state {state_dir} --hub URL` first "
+            "(or set CLOUDGPU_HUB)"
+        )
+    token = pick("token")
+    if not token:
+        raise ConfigError(
+            f"no supplier token in {state_dir / CONFIG_NAME}; run `cloudgpu-agent configure` "
+            "with the token on stdin (or set CLOUDGPU_TOKEN)"
+        )
+    config = AgentConfig(
+        hub_url=hub,
+        token=validate_token(token),
+        state_dir=state_dir,
+        runtime=_choice("runtime", pick("runtime", "docker") or "docker", RUNTIMES),
+        compute_mode=_choice(
+            "compute-mode", pick("compute_mode", "best-effort") or "best-effort", COMPUTE_MODES
+        ),
+        gpu_devices=_choice("gpu-devices", pick("gpu_devices", "nvidia") or "nvidia", GPU_DEVICES),
+        lock_dir=Path(pick("lock_dir", "/var/lock") or "/var/lock"),
+        log_level=(pick("log_level", "INFO") or "INFO").upper(),
+    )
+    websocket_url(config.hub_url)  # fail now, not at the first connection
+    return config

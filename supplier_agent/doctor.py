@@ -1,0 +1,169 @@
+"""``cloudgpu-agent doctor``: what this host can offer, and what to fix.
+
+Rows: host, Docker, NVIDIA driver, container toolkit (warn below 1.17.8, CVE-2025-23266), GPU.
+The GPU row is ``n/a`` on a CPU-only box (not a failure), ``ok`` when NVML works and (if the
+probe image is already local) a ``--gpus all`` container sees the GPU, ``fail`` when the host
+has a GPU that containers cannot get. The probe never pulls an image.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from supplier_agent import __version__
+from supplier_agent.hostinfo import read_host_info
+
+SAFE_TOOLKIT = (1, 17, 8)
+PROBE_IMAGE = os.environ.get("CLOUDGPU_PROBE_IMAGE", "nvidia/cuda:12.4.1-base-ubuntu22.04")
+TOOLKIT_FIX = "install nvidia-container-toolkit and run `nvidia-ctk runtime configure` for Docker"
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    status: str  # ok | warn | fail | n/a
+    detail: str
+
+
+def _docker_row() -> tuple[Row, object | None]:
+    try:
+        import docker
+        from docker.errors import DockerException
+
+        client = docker.from_env(timeout=10)
+        version = client.version().get("Version", "?")
+    except DockerException as exc:
+        return Row("docker", "fail", f"engine unreachable: {exc}"), None
+    return Row("docker", "ok", f"engine {version}"), client
+
+
+def _toolkit_version() -> tuple[int, ...] | None:
+    for tool in ("nvidia-ctk", "nvidia-container-cli"):
+        path = shutil.which(tool)
+        if path is None:
+            continue
+        try:
+            out = subprocess.run(
+                [path, "--version"], capture_output=True, text=True, timeout=10, check=False
+            ).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        match = re.search(r"(\d+)\.(\d+)\.(\d+)", out)
+        if match:
+            return tuple(int(part) for part in match.groups())
+    return None
+
+
+def _toolkit_row() -> Row:
+    version = _toolkit_version()
+    if version is None:
+        return Row("container toolkit", "warn", f"not found; {TOOLKIT_FIX}")
+    text = ".".join(map(str, version))
+    if version < SAFE_TOOLKIT:
+        return Row(
+            "container toolkit",
+            "warn",
+            f"{text} is older than 1.17.8 (CVE-2025-23266, container escape): upgrade it",
+        )
+    return Row("container toolkit", "ok", text)
+
+
+def _gpu_rows(client: object | None) -> list[Row]:
+    from supplier_agent.gpu import Nvml
+
+    nvml = Nvml()
+    try:
+        gpus = nvml.gpus()
+        driver = nvml.driver_version()
+        reason = nvml.unavailable_reason
+    finally:
+        nvml.shutdown()
+    driver_row = Row("nvidia driver", "ok" if driver else "n/a", driver or (reason or "not found"))
+    if not gpus:
+        return [
+            driver_row,
+            Row("gpu", "n/a", "no NVIDIA GPU found (a CPU-only host can still run the agent)"),
+        ]
+    names = ", ".join(f"{g.index}: {g.name}" for g in gpus)
+    if client is None:
+        return [driver_row, Row("gpu", "fail", f"{names}; Docker is unreachable")]
+    from supplier_agent.containers import nvidia_runtime_available
+
+    if not nvidia_runtime_available(client):  # type: ignore[arg-type]
+        return [
+            driver_row,
+            Row("gpu", "fail", f"{names}; containers cannot get GPUs: {TOOLKIT_FIX}"),
+        ]
+    return [driver_row, _probe(client, names)]
+
+
+def _probe(client: object, names: str) -> Row:
+    from docker.errors import DockerException, ImageNotFound
+    from docker.types import DeviceRequest
+
+    try:
+        client.images.get(PROBE_IMAGE)  # type: ignore[attr-defined]
+    except ImageNotFound:
+        return Row("gpu", "ok", f"{names} (container probe skipped: {PROBE_IMAGE} is not local)")
+    except DockerException as exc:
+        return Row("gpu", "fail", f"{names}; Docker error: {exc}")
+    try:
+        output = client.containers.run(  # type: ignore[attr-defined]
+            PROBE_IMAGE,
+            ["nvidia-smi", "-L"],
+            device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])],
+            remove=True,
+        )
+    except DockerException as exc:
+        return Row("gpu", "fail", f"{names}; a --gpus all container failed: {exc}; {TOOLKIT_FIX}")
+    seen = output.decode(errors="replace").count("GPU ")
+    return Row(
+        "gpu", "ok" if seen else "fail", f"{names}; a --gpus all container sees {seen} GPU(s)"
+    )
+
+
+def _connectivity_row(state: str | None) -> Row:
+    from supplier_agent.config import ConfigError, load
+    from supplier_agent.smoke import run_smoke
+
+    try:
+        config = load({"state": state})
+    except ConfigError as exc:
+        return Row("hub", "fail", str(exc))
+    code = run_smoke(config)
+    meaning = {0: "handshake ok", 3: "no answer in 10 s", 4: "token rejected"}
+    return Row(
+        "hub", "ok" if code == 0 else "fail", f"{config.ws_url}: {meaning.get(code, 'error')}"
+    )
+
+
+def run_doctor(state: str | None, *, connectivity: bool) -> int:
+    host = read_host_info()
+    rows = [
+        Row("agent", "ok", __version__),
+        Row(
+            "host",
+            "ok",
+            f"{host.hostname}, {host.os}, {host.arch}, {host.cpu_count} CPU ({host.cpu_model}), "
+            f"{host.ram_bytes / 1024**3:.1f} GiB RAM",
+        ),
+    ]
+    docker_row, client = _docker_row()
+    rows.append(docker_row)
+    rows.append(_toolkit_row())
+    rows.extend(_gpu_rows(client))
+    if Path("/var/lock").is_dir() and not os.access("/var/lock", os.W_OK):
+        rows.append(Row("locks", "warn", "/var/lock is not writable: run the agent as root"))
+    if connectivity:
+        rows.append(_connectivity_row(state))
+    width = max(len(row.name) for row in rows)
+    for row in rows:
+        print(f"{row.name:<{width}}  {row.status:<4}  {row.detail}")
+    if client is not None:
+        client.close()  # type: ignore[attr-defined]
+    return 1 if any(row.status == "fail" for row in rows) else 0

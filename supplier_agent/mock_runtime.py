@@ -1,0 +1,73 @@
+"""``--runtime mock``: the control-plane dry run. One fake RTX 4090, always idle; reserve, run
+and release answer fake success without touching Docker or NVML. Used by the demo and the hub's
+load tests, never to test the agent's own Docker or claim code."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterable
+
+from supplier_agent.protocol import DockerRun, GpuState
+from supplier_agent.runtime import CommandFailed, ExitReport, ReserveOutcome, RunOutcome
+from supplier_agent.state import Claim
+
+MOCK_GPU_NAME = "NVIDIA GeForce RTX 4090"
+MOCK_GPU_MEMORY = 24 * 1024**3
+MOCK_PORT_BASE = 20000
+
+
+class MockRuntime:
+    name = "mock"
+
+    def __init__(self, agent_id: str) -> None:
+        self._uuid = f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'cloudgpu-mock:{agent_id}')}"
+        self._held: dict[str, tuple[int, ...]] = {}
+
+    async def gpus(self) -> list[GpuState]:
+        return [
+            GpuState(
+                index=0,
+                uuid=self._uuid,
+                name=MOCK_GPU_NAME,
+                memory_total_bytes=MOCK_GPU_MEMORY,
+                memory_used_bytes=0,
+                utilization_pct=0,
+            )
+        ]
+
+    async def reserve(
+        self, lease_id: str, selector: tuple[int, ...] | tuple[str, ...]
+    ) -> ReserveOutcome:
+        if tuple(selector) not in {(0,), (self._uuid,)}:
+            raise CommandFailed(f"the mock host has one GPU (index 0, {self._uuid})")
+        holder = next((lease for lease, held in self._held.items() if lease != lease_id), None)
+        if holder is not None:
+            raise CommandFailed(f"GPU 0 is held by lease {holder}")
+        self._held[lease_id] = (0,)
+        return ReserveOutcome(gpu_indices=(0,), warnings=("mock runtime: nothing was claimed",))
+
+    async def start(self, command: DockerRun, claim: Claim) -> RunOutcome:
+        ports = {str(port): MOCK_PORT_BASE + n for n, port in enumerate(command.ports)}
+        return RunOutcome(
+            container_id=f"mock-{command.lease_id}",
+            ports=ports,
+            extra={"service_url": f"http://mock-{command.lease_id[:8]}.invalid/"},
+        )
+
+    async def release(self, lease_id: str, claim: Claim | None) -> list[str]:
+        self._held.pop(lease_id, None)
+        return []
+
+    async def adopt(self, claims: dict[str, Claim]) -> set[str]:
+        self._held = {lease_id: (0,) for lease_id in claims}
+        return set(claims)
+
+    def watch_exits(self, report: ExitReport, stop: threading.Event) -> None:
+        stop.wait()  # mock containers never exit on their own
+
+    async def prepull(self, images: Iterable[str]) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,631 @@
+"""Agent <-> hub protocol, version 1: the one schema both sides validate every frame against.
+
+JSON text frames, one message each, ``{"type": ..., "v": 1, ...}``. The hub imports this
+module; it imports nothing but the standard library, so the agent never pulls in the hub.
+
+``parse_message`` turns a frame into a frozen dataclass or raises ``ProtocolError`` with a
+reason fit to send back in an ``error`` reply; ``encode`` turns a message into a frame.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+VERSION = 1
+MAX_FRAME_BYTES = 64 * 1024
+MAX_GPUS_PER_LEASE = 64
+MAX_PORTS = 16
+MAX_ENV_VARS = 128
+MAX_STR = 4096
+
+# Renter env may not steer the GPU runtime or inject code into every process of the image.
+FORBIDDEN_ENV_PREFIXES = ("NVIDIA_", "CUDA_VISIBLE_DEVICES")
+FORBIDDEN_ENV_NAMES = frozenset({"LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT"})
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# Docker's reference grammar, simplified: [registry[:port]/]path[:tag][@digest], lower case path.
+_IMAGE = re.compile(
+    r"^(?:[a-zA-Z0-9.-]+(?::[0-9]{1,5})?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
+_GPU_UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
+_VOLUME_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")
+_USER = re.compile(r"^[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,31}(?::[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,31})?$")
+
+
+class ProtocolError(ValueError):
+    """A frame that is not a valid v1 message; ``str()`` is the reason for the error reply."""
+
+
+# --- field validators -------------------------------------------------------------------------
+
+
+def _expect(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
+    # bool is an int in Python; a JSON true is never a valid number here.
+    if (
+        isinstance(value, bool)
+        and kind is not bool
+        and bool not in (kind if isinstance(kind, tuple) else (kind,))
+    ):
+        raise ProtocolError(f"{where} must be {_kind_name(kind)}, not a boolean")
+    if not isinstance(value, kind):
+        raise ProtocolError(f"{where} must be {_kind_name(kind)}, not {type(value).__name__}")
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    names = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
+    names.update({list: "a list", dict: "an object", type(None): "null"})
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _str(value: Any, where: str, *, max_len: int = MAX_STR, allow_empty: bool = False) -> str:
+    _expect(value, str, where)
+    if not allow_empty and not value:
+        raise ProtocolError(f"{where} must not be empty")
+    if len(value) > max_len:
+        raise ProtocolError(f"{where} is longer than {max_len} characters")
+    return value
+
+
+def _int(value: Any, where: str, *, lo: int | None = None, hi: int | None = None) -> int:
+    _expect(value, int, where)
+    if lo is not None and value < lo:
+        raise ProtocolError(f"{where} must be at least {lo}")
+    if hi is not None and value > hi:
+        raise ProtocolError(f"{where} must be at most {hi}")
+    return value
+
+
+def _uuid(value: Any, where: str) -> str:
+    _str(value, where, max_len=64)
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise ProtocolError(f"{where} must be a UUID") from None
+
+
+def _list(value: Any, where: str, *, max_items: int) -> list[Any]:
+    _expect(value, list, where)
+    if len(value) > max_items:
+        raise ProtocolError(f"{where} has more than {max_items} items")
+    return value
+
+
+def _str_list(value: Any, where: str, *, max_items: int = 256) -> tuple[str, ...]:
+    items = _list(value, where, max_items=max_items)
+    return tuple(_str(item, f"{where}[{i}]", allow_empty=True) for i, item in enumerate(items))
+
+
+def _optional(value: Any, parse: Any, where: str) -> Any:
+    return None if value is None else parse(value, where)
+
+
+def validate_port(value: Any, where: str = "port") -> int:
+    return _int(value, where, lo=1, hi=65535)
+
+
+def _port_key(value: str, where: str) -> str:
+    if not (value.isascii() and value.isdigit()):
+        raise ProtocolError(f"{where}: key {value!r} is not a port number")
+    return str(validate_port(int(value), f"{where} key"))
+
+
+def validate_image(value: Any, where: str = "image") -> str:
+    _str(value, where, max_len=512)
+    if not _IMAGE.match(value):
+        raise ProtocolError(
+            f"{where} {value!r} is not a valid image reference (e.g. pytorch/pytorch:2.5.1)"
+        )
+    return value
+
+
+def validate_env(value: Any, where: str = "env") -> dict[str, str]:
+    _expect(value, dict, where)
+    if len(value) > MAX_ENV_VARS:
+        raise ProtocolError(f"{where} has more than {MAX_ENV_VARS} variables")
+    env: dict[str, str] = {}
+    for name, item in value.items():
+        if not _ENV_NAME.match(name):
+            raise ProtocolError(f"{where}: {name!r} is not a valid variable name")
+        if name in FORBIDDEN_ENV_NAMES or name.startswith(FORBIDDEN_ENV_PREFIXES):
+            raise ProtocolError(f"{where}: {name} may not be set by a renter")
+        env[name] = _str(item, f"{where}.{name}", allow_empty=True)
+    return env
+
+
+def parse_gpu_selector(value: Any, where: str = "gpus") -> tuple[int, ...] | tuple[str, ...]:
+    """``"0,1"`` -> indices, ``"GPU-<uuid>,..."`` -> UUIDs; both 1..64 distinct entries.
+
+    A count is resolved by the hub before it sends ``reserve``; the agent gets explicit GPUs.
+    """
+    _str(value, where, max_len=64 * 41)
+    parts = value.split(",")
+    if not 1 <= len(parts) <= MAX_GPUS_PER_LEASE:
+        raise ProtocolError(f"{where} must name 1 to {MAX_GPUS_PER_LEASE} GPUs")
+    if len(set(parts)) != len(parts):
+        raise ProtocolError(f"{where} names a GPU twice")
+    if all(part.isdigit() and part.isascii() for part in parts):
+        indices = tuple(int(part) for part in parts)
+        if any(index >= MAX_GPUS_PER_LEASE for index in indices):
+            raise ProtocolError(f"{where}: GPU indices go from 0 to {MAX_GPUS_PER_LEASE - 1}")
+        return indices
+    if all(_GPU_UUID.match(part) for part in parts):
+        return tuple(parts)
+    raise ProtocolError(
+        f"{where} must be GPU indices like '0,1' or NVML UUIDs like 'GPU-<uuid>', not {value!r}"
+    )
+
+
+# --- messages ---------------------------------------------------------------------------------
+
+_REGISTRY: dict[str, type[Message]] = {}
+
+
+@dataclass(frozen=True)
+class Message:
+    TYPE: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.TYPE:
+            _REGISTRY[cls.TYPE] = cls
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Message:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        body = {"type": self.TYPE, "v": VERSION}
+        body.update(_plain(dataclasses.asdict(self)))
+        return body
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _known(data: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = set(data) - allowed - {"type", "v"}
+    if unknown:
+        raise ProtocolError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+
+
+# Agent -> hub
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    name: str
+    memory_bytes: int
+
+    @classmethod
+    def parse(cls, data: Any, where: str) -> GpuProcess:
+        _expect(data, dict, where)
+        _known(data, {"pid", "name", "memory_bytes"}, where)
+        return cls(
+            pid=_int(data.get("pid"), f"{where}.pid", lo=0),
+            name=_str(data.get("name", ""), f"{where}.name", max_len=256, allow_empty=True),
+            memory_bytes=_int(data.get("memory_bytes", 0), f"{where}.memory_bytes", lo=0),
+        )
+
+
+@dataclass(frozen=True)
+class GpuState:
+    index: int
+    uuid: str
+    name: str
+    memory_total_bytes: int
+    memory_used_bytes: int
+    utilization_pct: int
+    processes: tuple[GpuProcess, ...] = ()
+
+    @classmethod
+    def parse(cls, data: Any, where: str) -> GpuState:
+        _expect(data, dict, where)
+        fields = {
+            "index",
+            "uuid",
+            "name",
+            "memory_total_bytes",
+            "memory_used_bytes",
+            "utilization_pct",
+            "processes",
+        }
+        _known(data, fields, where)
+        procs = _list(data.get("processes", []), f"{where}.processes", max_items=256)
+        return cls(
+            index=_int(data.get("index"), f"{where}.index", lo=0, hi=MAX_GPUS_PER_LEASE - 1),
+            uuid=_str(data.get("uuid"), f"{where}.uuid", max_len=96),
+            name=_str(data.get("name"), f"{where}.name", max_len=256),
+            memory_total_bytes=_int(
+                data.get("memory_total_bytes"), f"{where}.memory_total_bytes", lo=0
+            ),
+            memory_used_bytes=_int(
+                data.get("memory_used_bytes"), f"{where}.memory_used_bytes", lo=0
+            ),
+            utilization_pct=_int(
+                data.get("utilization_pct"), f"{where}.utilization_pct", lo=0, hi=100
+            ),
+            processes=tuple(
+                GpuProcess.parse(p, f"{where}.processes[{i}]") for i, p in enumerate(procs)
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class ClaimState:
+    """A claim the agent holds: the GPUs of one lease, the epoch it got them under, and the
+    container running for it (if any)."""
+
+    lease_id: str
+    gpu_indices: tuple[int, ...]
+    epoch: int
+    container_id: str | None = None
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, data: Any, where: str) -> ClaimState:
+        _expect(data, dict, where)
+        _known(data, {"lease_id", "gpu_indices", "epoch", "container_id", "ports"}, where)
+        indices = _list(
+            data.get("gpu_indices"), f"{where}.gpu_indices", max_items=MAX_GPUS_PER_LEASE
+        )
+        ports = _expect(data.get("ports", {}), dict, f"{where}.ports")
+        return cls(
+            lease_id=_uuid(data.get("lease_id"), f"{where}.lease_id"),
+            gpu_indices=tuple(
+                _int(i, f"{where}.gpu_indices[{n}]", lo=0, hi=MAX_GPUS_PER_LEASE - 1)
+                for n, i in enumerate(indices)
+            ),
+            epoch=_int(data.get("epoch"), f"{where}.epoch", lo=0),
+            container_id=_optional(
+                data.get("container_id"),
+                lambda v, w: _str(v, w, max_len=128),
+                f"{where}.container_id",
+            ),
+            # JSON keys are strings: container port -> host port on 127.0.0.1.
+            ports={
+                _port_key(k, f"{where}.ports"): validate_port(v, f"{where}.ports[{k}]")
+                for k, v in ports.items()
+            },
+        )
+
+
+def _claims(data: dict[str, Any], where: str) -> tuple[ClaimState, ...]:
+    items = _list(data.get("claims", []), f"{where}.claims", max_items=MAX_GPUS_PER_LEASE)
+    return tuple(ClaimState.parse(c, f"{where}.claims[{i}]") for i, c in enumerate(items))
+
+
+def _gpus(data: dict[str, Any], where: str) -> tuple[GpuState, ...]:
+    items = _list(data.get("gpus", []), f"{where}.gpus", max_items=MAX_GPUS_PER_LEASE)
+    return tuple(GpuState.parse(g, f"{where}.gpus[{i}]") for i, g in enumerate(items))
+
+
+@dataclass(frozen=True)
+class Register(Message):
+    TYPE: ClassVar[str] = "register"
+    agent_id: str
+    hostname: str
+    os: str
+    arch: str
+    cpu_model: str
+    cpu_count: int
+    ram_bytes: int
+    agent_version: str
+    runtime: str
+    gpus: tuple[GpuState, ...] = ()
+    claims: tuple[ClaimState, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Register:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        _known(data, fields, "register")
+        runtime = _str(data.get("runtime"), "register.runtime", max_len=16)
+        if runtime not in {"docker", "mock"}:
+            raise ProtocolError("register.runtime must be 'docker' or 'mock'")
+        return cls(
+            agent_id=_uuid(data.get("agent_id"), "register.agent_id"),
+            hostname=_str(data.get("hostname"), "register.hostname", max_len=255),
+            os=_str(data.get("os"), "register.os", max_len=255),
+            arch=_str(data.get("arch"), "register.arch", max_len=32),
+            cpu_model=_str(data.get("cpu_model", "unknown"), "register.cpu_model", max_len=255),
+            cpu_count=_int(data.get("cpu_count"), "register.cpu_count", lo=1, hi=65536),
+            ram_bytes=_int(data.get("ram_bytes"), "register.ram_bytes", lo=0),
+            agent_version=_str(data.get("agent_version"), "register.agent_version", max_len=64),
+            runtime=runtime,
+            gpus=_gpus(data, "register"),
+            claims=_claims(data, "register"),
+        )
+
+
+@dataclass(frozen=True)
+class Heartbeat(Message):
+    TYPE: ClassVar[str] = "heartbeat"
+    gpus: tuple[GpuState, ...] = ()
+    claims: tuple[ClaimState, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Heartbeat:
+        _known(data, {"gpus", "claims"}, "heartbeat")
+        return cls(gpus=_gpus(data, "heartbeat"), claims=_claims(data, "heartbeat"))
+
+
+@dataclass(frozen=True)
+class Ack(Message):
+    TYPE: ClassVar[str] = "ack"
+    command_id: str
+    ok: bool
+    result: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Ack:
+        _known(data, {"command_id", "ok", "result", "error"}, "ack")
+        return cls(
+            command_id=_uuid(data.get("command_id"), "ack.command_id"),
+            ok=_expect(data.get("ok"), bool, "ack.ok"),
+            result=_expect(data.get("result", {}), dict, "ack.result"),
+            error=_optional(data.get("error"), _str, "ack.error"),
+        )
+
+
+@dataclass(frozen=True)
+class ContainerExited(Message):
+    """A lease's container stopped on its own (a finished job, a crash)."""
+
+    TYPE: ClassVar[str] = "container_exited"
+    lease_id: str
+    exit_code: int
+    log_tail: str = ""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ContainerExited:
+        _known(data, {"lease_id", "exit_code", "log_tail"}, "container_exited")
+        return cls(
+            lease_id=_uuid(data.get("lease_id"), "container_exited.lease_id"),
+            exit_code=_int(data.get("exit_code"), "container_exited.exit_code", lo=-1, hi=65535),
+            log_tail=_str(
+                data.get("log_tail", ""),
+                "container_exited.log_tail",
+                max_len=16384,
+                allow_empty=True,
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class Pong(Message):
+    TYPE: ClassVar[str] = "pong"
+    nonce: str
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Pong:
+        _known(data, {"nonce"}, "pong")
+        return cls(nonce=_str(data.get("nonce"), "pong.nonce", max_len=128))
+
+
+# Hub -> agent
+
+
+@dataclass(frozen=True)
+class Welcome(Message):
+    TYPE: ClassVar[str] = "welcome"
+    host_id: str
+    heartbeat_interval_s: int = 15
+    # Lease ids whose claims the hub wants kept; any other claim the agent holds is released.
+    desired_claims: tuple[str, ...] = ()
+    prepull_images: tuple[str, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Welcome:
+        _known(
+            data, {"host_id", "heartbeat_interval_s", "desired_claims", "prepull_images"}, "welcome"
+        )
+        return cls(
+            host_id=_str(data.get("host_id"), "welcome.host_id", max_len=64),
+            heartbeat_interval_s=_int(
+                data.get("heartbeat_interval_s", 15), "welcome.heartbeat_interval_s", lo=1, hi=3600
+            ),
+            desired_claims=tuple(
+                _uuid(v, f"welcome.desired_claims[{i}]")
+                for i, v in enumerate(
+                    _list(
+                        data.get("desired_claims", []),
+                        "welcome.desired_claims",
+                        max_items=MAX_GPUS_PER_LEASE,
+                    )
+                )
+            ),
+            prepull_images=tuple(
+                validate_image(v, f"welcome.prepull_images[{i}]")
+                for i, v in enumerate(
+                    _list(data.get("prepull_images", []), "welcome.prepull_images", max_items=32)
+                )
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class Command(Message):
+    """Every command: an id the agent de-duplicates on, the lease, and the fencing epoch."""
+
+    command_id: str
+    lease_id: str
+    epoch: int
+
+    @classmethod
+    def _base(cls, data: dict[str, Any]) -> dict[str, Any]:
+        where = cls.TYPE
+        return {
+            "command_id": _uuid(data.get("command_id"), f"{where}.command_id"),
+            "lease_id": _uuid(data.get("lease_id"), f"{where}.lease_id"),
+            "epoch": _int(data.get("epoch"), f"{where}.epoch", lo=0),
+        }
+
+
+@dataclass(frozen=True)
+class Reserve(Command):
+    TYPE: ClassVar[str] = "reserve"
+    gpus: str = ""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Reserve:
+        _known(data, {"command_id", "lease_id", "epoch", "gpus"}, "reserve")
+        base = cls._base(data)
+        gpus = data.get("gpus")
+        parse_gpu_selector(gpus, "reserve.gpus")
+        return cls(**base, gpus=gpus)
+
+    @property
+    def selector(self) -> tuple[int, ...] | tuple[str, ...]:
+        return parse_gpu_selector(self.gpus)
+
+
+@dataclass(frozen=True)
+class CacheVolume:
+    name: str
+    path: str
+
+    @classmethod
+    def parse(cls, data: Any, where: str) -> CacheVolume:
+        _expect(data, dict, where)
+        _known(data, {"name", "path"}, where)
+        name = _str(data.get("name"), f"{where}.name", max_len=128)
+        if not _VOLUME_NAME.match(name):
+            raise ProtocolError(f"{where}.name {name!r} is not a valid volume name")
+        path = _str(data.get("path"), f"{where}.path", max_len=1024)
+        if not path.startswith("/") or path == "/" or ".." in path.split("/"):
+            raise ProtocolError(f"{where}.path must be an absolute folder inside the container")
+        return cls(name=name, path=path)
+
+
+@dataclass(frozen=True)
+class DockerRun(Command):
+    TYPE: ClassVar[str] = "docker_run"
+    image: str = ""
+    ports: tuple[int, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    entrypoint: tuple[str, ...] | None = None
+    command: tuple[str, ...] | None = None
+    user: str | None = None
+    cache_volume: CacheVolume | None = None
+    warmup: tuple[str, ...] | None = None
+    # ISO 8601 UTC; past it, an agent that cannot reach the hub releases the lease itself.
+    paid_until: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DockerRun:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        _known(data, fields, "docker_run")
+        ports = _list(data.get("ports", []), "docker_run.ports", max_items=MAX_PORTS)
+        parsed_ports = tuple(
+            validate_port(p, f"docker_run.ports[{i}]") for i, p in enumerate(ports)
+        )
+        if len(set(parsed_ports)) != len(parsed_ports):
+            raise ProtocolError("docker_run.ports lists a port twice")
+        user = _optional(data.get("user"), _str, "docker_run.user")
+        if user is not None and not _USER.match(user):
+            raise ProtocolError("docker_run.user must look like 'name', 'uid' or 'uid:gid'")
+        return cls(
+            **cls._base(data),
+            image=validate_image(data.get("image"), "docker_run.image"),
+            ports=parsed_ports,
+            env=validate_env(data.get("env", {}), "docker_run.env"),
+            entrypoint=_optional(data.get("entrypoint"), _str_list, "docker_run.entrypoint"),
+            command=_optional(data.get("command"), _str_list, "docker_run.command"),
+            user=user,
+            cache_volume=_optional(
+                data.get("cache_volume"), CacheVolume.parse, "docker_run.cache_volume"
+            ),
+            warmup=_optional(data.get("warmup"), _str_list, "docker_run.warmup"),
+            paid_until=_optional(
+                data.get("paid_until"), lambda v, w: _str(v, w, max_len=64), "docker_run.paid_until"
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class Release(Command):
+    TYPE: ClassVar[str] = "release"
+    reason: str = ""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Release:
+        _known(data, {"command_id", "lease_id", "epoch", "reason"}, "release")
+        return cls(
+            **cls._base(data),
+            reason=_str(data.get("reason", ""), "release.reason", max_len=64, allow_empty=True),
+        )
+
+
+@dataclass(frozen=True)
+class Ping(Message):
+    TYPE: ClassVar[str] = "ping"
+    nonce: str
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Ping:
+        _known(data, {"nonce"}, "ping")
+        return cls(nonce=_str(data.get("nonce"), "ping.nonce", max_len=128))
+
+
+@dataclass(frozen=True)
+class Error(Message):
+    """Either side's answer to a frame it could not take; the connection goes on."""
+
+    TYPE: ClassVar[str] = "error"
+    reason: str
+    ref: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Error:
+        _known(data, {"reason", "ref"}, "error")
+        return cls(
+            reason=_str(data.get("reason"), "error.reason"),
+            ref=_optional(data.get("ref"), lambda v, w: _str(v, w, max_len=128), "error.ref"),
+        )
+
+
+AGENT_TO_HUB = frozenset({"register", "heartbeat", "ack", "container_exited", "pong", "error"})
+HUB_TO_AGENT = frozenset({"welcome", "reserve", "docker_run", "release", "ping", "error"})
+
+
+def parse_message(frame: str | bytes, *, allowed: frozenset[str] | None = None) -> Message:
+    """Validate one frame; ``allowed`` limits the types the receiving side accepts."""
+    if isinstance(frame, bytes):
+        raise ProtocolError("binary frames are not part of the protocol; send JSON text")
+    if len(frame.encode("utf-8", errors="surrogatepass")) > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame larger than {MAX_FRAME_BYTES} bytes")
+    try:
+        data = json.loads(frame)
+    except (json.JSONDecodeError, RecursionError):
+        raise ProtocolError("frame is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ProtocolError("frame must be a JSON object")
+    kind = data.get("type")
+    if not isinstance(kind, str):
+        raise ProtocolError("frame has no string 'type'")
+    if data.get("v") != VERSION:
+        raise ProtocolError(
+            f"unsupported protocol version {data.get('v')!r}; this side speaks v{VERSION}"
+        )
+    cls = _REGISTRY.get(kind)
+    if cls is None or (allowed is not None and kind not in allowed):
+        raise ProtocolError(f"unknown message type {kind!r}")
+    return cls.from_dict(data)
+
+
+def encode(message: Message) -> str:
+    return json.dumps(message.to_dict(), separators=(",", ":"))

@@ -1,0 +1,58 @@
+"""What the agent asks of a runtime: the real one (NVML + flock claims + Docker) or the mock."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from supplier_agent.protocol import DockerRun, GpuState
+from supplier_agent.state import Claim
+
+# (lease_id, exit_code, log_tail) for a container that stopped on its own.
+ExitReport = Callable[[str, int, str], None]
+
+
+class CommandFailed(Exception):
+    """A command could not be carried out; ``str()`` is the reason sent back in the ack."""
+
+
+@dataclass(frozen=True)
+class ReserveOutcome:
+    gpu_indices: tuple[int, ...]
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    container_id: str
+    ports: dict[str, int] = field(default_factory=dict)  # container port -> 127.0.0.1 port
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Runtime(Protocol):
+    name: str
+
+    async def gpus(self) -> list[GpuState]: ...
+
+    async def reserve(
+        self, lease_id: str, selector: tuple[int, ...] | tuple[str, ...]
+    ) -> ReserveOutcome: ...
+
+    async def start(self, command: DockerRun, claim: Claim) -> RunOutcome: ...
+
+    async def release(self, lease_id: str, claim: Claim | None) -> list[str]: ...
+
+    async def adopt(self, claims: dict[str, Claim]) -> set[str]:
+        """At start-up: keep what survives of ``claims``, clean up everything else we own.
+        Returns the lease ids still held."""
+        ...
+
+    def watch_exits(self, report: ExitReport, stop: threading.Event) -> None:
+        """Blocking (runs in a thread): report containers that exit on their own."""
+        ...
+
+    async def prepull(self, images: Iterable[str]) -> None: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,143 @@
+"""What the agent keeps on disk between runs (its state folder): its id, the claims it holds,
+the highest epoch seen per GPU, and the answers to commands it has already executed.
+
+A command seen before (same ``command_id``), even across a restart, gets the stored answer and
+no second effect; a command with an older epoch than one already seen for its GPU is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+MAX_REMEMBERED_COMMANDS = 10_000
+
+
+def _write_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path, default: Any) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return default
+    except (OSError, ValueError):
+        # A torn or corrupt file must not keep the agent from starting; start that part afresh.
+        return default
+
+
+@dataclass
+class Claim:
+    lease_id: str
+    gpu_indices: list[int]
+    epoch: int
+    container_id: str | None = None
+    ports: dict[str, int] = field(default_factory=dict)
+    paid_until: str | None = None
+
+
+class AgentState:
+    def __init__(self, state_dir: Path) -> None:
+        self.dir = state_dir
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.agent_id = self._load_agent_id()
+        self.claims: dict[str, Claim] = {
+            lease_id: Claim(**value)
+            for lease_id, value in _read_json(self.dir / "claims.json", {}).items()
+        }
+        self.epochs: dict[int, int] = {
+            int(k): int(v) for k, v in _read_json(self.dir / "epochs.json", {}).items()
+        }
+        self.answers: OrderedDict[str, dict[str, Any]] = self._load_answers()
+
+    def _load_agent_id(self) -> str:
+        path = self.dir / "agent_id"
+        try:
+            return str(uuid.UUID(path.read_text().strip()))
+        except (FileNotFoundError, ValueError):
+            agent_id = str(uuid.uuid4())
+            path.write_text(agent_id + "\n")
+            return agent_id
+
+    def _load_answers(self) -> OrderedDict[str, dict[str, Any]]:
+        answers: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        path = self.dir / "commands.jsonl"
+        try:
+            lines = path.read_text().splitlines()
+        except FileNotFoundError:
+            return answers
+        for line in lines:
+            try:
+                entry = json.loads(line)
+                answers[entry["command_id"]] = entry["ack"]
+            except (ValueError, KeyError, TypeError):
+                continue  # a line torn by a crash mid-write
+        while len(answers) > MAX_REMEMBERED_COMMANDS:
+            answers.popitem(last=False)
+        # Compact on start so the journal stays bounded.
+        _write_lines(path, answers)
+        return answers
+
+    # --- commands ---------------------------------------------------------------------------
+
+    def answer_for(self, command_id: str) -> dict[str, Any] | None:
+        return self.answers.get(command_id)
+
+    def remember_answer(self, command_id: str, ack: dict[str, Any]) -> None:
+        self.answers[command_id] = ack
+        with open(self.dir / "commands.jsonl", "a") as journal:
+            journal.write(json.dumps({"command_id": command_id, "ack": ack}) + "\n")
+            journal.flush()
+            os.fsync(journal.fileno())
+        if len(self.answers) > 2 * MAX_REMEMBERED_COMMANDS:
+            while len(self.answers) > MAX_REMEMBERED_COMMANDS:
+                self.answers.popitem(last=False)
+            _write_lines(self.dir / "commands.jsonl", self.answers)
+
+    # --- epochs -----------------------------------------------------------------------------
+
+    def stale_epoch(self, gpu_indices: list[int] | tuple[int, ...], epoch: int) -> int | None:
+        """The newer epoch already seen on one of these GPUs, if the command's is older."""
+        newest = max((self.epochs.get(i, -1) for i in gpu_indices), default=-1)
+        return newest if epoch < newest else None
+
+    def note_epoch(self, gpu_indices: list[int] | tuple[int, ...], epoch: int) -> None:
+        for index in gpu_indices:
+            self.epochs[index] = max(epoch, self.epochs.get(index, -1))
+        _write_atomic(self.dir / "epochs.json", {str(k): v for k, v in self.epochs.items()})
+
+    # --- claims -----------------------------------------------------------------------------
+
+    def save_claim(self, claim: Claim) -> None:
+        self.claims[claim.lease_id] = claim
+        self._save_claims()
+
+    def drop_claim(self, lease_id: str) -> None:
+        if self.claims.pop(lease_id, None) is not None:
+            self._save_claims()
+
+    def _save_claims(self) -> None:
+        _write_atomic(self.dir / "claims.json", {k: asdict(v) for k, v in self.claims.items()})
+
+
+def _write_lines(path: Path, answers: OrderedDict[str, dict[str, Any]]) -> None:
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        for command_id, ack in answers.items():
+            handle.write(json.dumps({"command_id": command_id, "ack": ack}) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import stat
+import subprocess
+from pathlib import Path
+
+from tests.support.agents import AGENT, agent_env, configure, new_token
+
+
+def test_configure_reads_the_token_from_stdin_into_a_0600_file(tmp_path: Path) -> None:
+    token = new_token()
+    state = tmp_path / "state"
+    result = configure(state, "https://hub.example.com", token, "--runtime", "mock")
+    assert result.returncode == 0, result.stderr
+    config = state / "cloudgpu-agent.conf"
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    text = config.read_text()
+    assert f"token = {token}" in text
+    assert "runtime = mock" in text
+    assert token not in result.stdout + result.stderr
+
+
+def test_configure_refuses_an_empty_token(tmp_path: Path) -> None:
+    result = configure(tmp_path / "state", "https://hub.example.com", "")
+    assert result.returncode == 1
+    assert "token is empty" in result.stderr
+    assert not (tmp_path / "state" / "cloudgpu-agent.conf").exists()
+
+
+def test_configure_refuses_a_hub_url_that_is_not_http(tmp_path: Path) -> None:
+    result = configure(tmp_path / "state", "ftp://hub.example.com", new_token())
+    assert result.returncode == 1
+    assert "hub URL" in result.stderr
+
+
+def test_run_without_configuration_says_what_to_do(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [AGENT, "run", "--state", str(tmp_path / "empty")],
+        capture_output=True,
+        text=True,
+        env=agent_env(),
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "cloudgpu-agent configure" in result.stderr
+
+
+def test_environment_overrides_the_config_file(tmp_path: Path) -> None:
+    from supplier_agent.config import load
+
+    state = tmp_path / "state"
+    token = new_token()
+    assert configure(state, "https://hub.example.com", token).returncode == 0
+    config = load({"state": str(state)}, env={"CLOUDGPU_RUNTIME": "mock"})
+    assert config.runtime == "mock"
+    assert config.ws_url == "wss://hub.example.com/api/p2p/ws/"
+    flagged = load({"state": str(state), "runtime": "docker"}, env={"CLOUDGPU_RUNTIME": "mock"})
+    assert flagged.runtime == "docker"
+    assert config.token not in repr(config)
