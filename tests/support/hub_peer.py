@@ -22,7 +22,7 @@ from websockets.exceptions import ConnectionClosed
 from supplier_agent.protocol import AGENT_TO_HUB, Message, ProtocolError, encode, parse_message
 
 
-@dataclass
+@dataclass(eq=False)  # identity: tests key dicts by connection
 class PeerConnection:
     websocket: ServerConnection
     received: list[Message | str] = field(default_factory=list)

@@ -1,0 +1,589 @@
+"""Renters' containers on this host, through the Docker SDK (never a shell, never the CLI).
+
+One container per lease, named ``cloudgpu-<lease_id>`` and labelled with the claiming agent,
+the lease, its declared ports and its GPUs, so that a restarted agent rebuilds its view from
+Docker alone. Every call blocks; the agent runs them in ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import logging
+import shlex
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import docker
+import requests
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.models.containers import Container
+from docker.types import DeviceRequest, Mount
+
+from supplier_agent import protocol
+from supplier_agent.protocol import DockerRun, ProtocolError
+
+log = logging.getLogger(__name__)
+
+LABEL_CLAIM = "cloudgpu.claim"
+LABEL_LEASE = "cloudgpu.lease"
+LABEL_PORTS = "cloudgpu.ports"
+LABEL_GPUS = "cloudgpu.gpus"
+LABEL_CACHE = "cloudgpu.cache"
+LOG_TAIL_LINES = 50
+LOG_TAIL_CHARS = 8000  # fits ContainerExited.log_tail and keeps an ack's error readable
+PORT_BIND_TIMEOUT_S = 30.0
+PULL_LOG_EVERY_S = 5.0
+# Docker's default set minus what lets a tenant attack its neighbours on the shared bridge
+# (raw sockets: ARP/DNS spoofing) or make device nodes. CHOWN, SETUID/SETGID, DAC_OVERRIDE and
+# FOWNER stay (Jupyter's start script, gosu/su entrypoints, pip and apt need them), and so does
+# AUDIT_WRITE, without which sshd in a container refuses logins.
+DROPPED_CAPS = ("NET_RAW", "MKNOD")
+GPU_TOOLKIT_HINT = (
+    "this host's Docker cannot give containers GPUs: "
+    "install nvidia-container-toolkit and restart Docker"
+)
+CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+ExitCallback = Callable[[str, int], None]  # (lease_id, exit_code)
+
+
+class ContainerError(RuntimeError):
+    """A container could not be run or managed; ``str()`` says what a person can do about it."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    container_id: str
+    ports: dict[int, int]  # container port -> host port on 127.0.0.1
+
+
+@dataclass(frozen=True)
+class ClaimedContainer:
+    lease_id: str
+    container_id: str
+    agent_id: str
+    status: str  # Docker's: created, running, exited, dead, ...
+    gpu_indices: tuple[int, ...] = ()
+    ports: dict[int, int] = field(default_factory=dict)
+
+
+def _engine_errors(method: Callable[P, T]) -> Callable[P, T]:
+    """Turn a dead engine or an unclassified Docker refusal into a ContainerError."""
+
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return method(*args, **kwargs)
+        except requests.exceptions.ConnectionError as exc:
+            raise ContainerError(
+                "the Docker engine is not reachable: is dockerd running, "
+                "and may the agent's user use its socket?"
+            ) from exc
+        except APIError as exc:
+            raise ContainerError(f"Docker refused the request: {exc.explanation or exc}") from exc
+
+    return wrapper
+
+
+class ContainerRuntime:
+    """Hardened, idempotent per-lease containers.
+
+    ``gpu_devices="none"`` attaches no GPUs: it is for testing the control plane on a host
+    without the NVIDIA container toolkit, never for renters.
+    """
+
+    def __init__(
+        self,
+        client: docker.DockerClient | None = None,
+        *,
+        gpu_devices: str = "nvidia",
+        stop_grace_s: int = 10,
+        pids_limit: int = 4096,
+        shm_size: str = "8g",
+    ) -> None:
+        if gpu_devices not in {"nvidia", "none"}:
+            raise ValueError("gpu_devices must be 'nvidia' or 'none'")
+        self._owns_client = client is None
+        if client is None:
+            try:
+                client = docker.from_env()
+            except DockerException as exc:
+                raise ContainerError(f"the Docker engine is not reachable: {exc}") from exc
+        self.client = client
+        self.gpu_devices = gpu_devices
+        self.stop_grace_s = stop_grace_s
+        self.pids_limit = pids_limit
+        self.shm_size = shm_size
+        # Leases whose containers we stop ourselves: their "die" is not an exit to report.
+        self._removing: collections.deque[str] = collections.deque(maxlen=1024)
+        self._removing_lock = threading.Lock()
+
+    def close(self) -> None:
+        if self._owns_client:
+            self.client.close()
+
+    @_engine_errors
+    def image_present(self, ref: str) -> bool:
+        try:
+            self.client.images.get(ref)
+        except ImageNotFound:
+            return False
+        return True
+
+    @_engine_errors
+    def pull(self, ref: str) -> None:
+        """Pull ``ref`` with progress in the log; credentials come from Docker's own config."""
+        log.info("pulling image %s", ref)
+        started = last_report = time.monotonic()
+        error: str | None = None
+        try:
+            # Read to the end even after an error event, so that the response gets closed.
+            for event in self.client.api.pull(ref, stream=True, decode=True):
+                if "error" in event:
+                    error = (event.get("errorDetail") or {}).get("message") or event["error"]
+                elif event.get("status") == "Pull complete":
+                    log.info("pulling %s: layer %s done", ref, event.get("id"))
+                elif time.monotonic() - last_report >= PULL_LOG_EVERY_S:
+                    last_report = time.monotonic()
+                    status = f"{event.get('status', '')} {event.get('progress', '')}".strip()
+                    log.info("pulling %s: %s (%.0f s)", ref, status, last_report - started)
+        except APIError as exc:
+            error = exc.explanation or str(exc)
+        if error is not None:
+            raise _pull_error(ref, error)
+        if not self.image_present(ref):
+            raise ContainerError(f"pulling image {ref} ended without the image")
+        log.info("pulled image %s in %.0f s", ref, time.monotonic() - started)
+
+    @_engine_errors
+    def create(self, spec: DockerRun, gpu_indices: Sequence[int], *, agent_id: str) -> str:
+        """Create (pulling first if needed) the lease's container; an existing one is reused."""
+        self._check(spec, gpu_indices)
+        existing = self.find(spec.lease_id)
+        if existing is not None:
+            return str(existing.id)
+        if not self.image_present(spec.image):
+            self.pull(spec.image)
+        try:
+            container = self.client.containers.create(
+                **self._create_options(spec, gpu_indices, agent_id)
+            )
+        except APIError as exc:
+            # 409: a concurrent create for the same lease won the name; that is our container.
+            found = self.find(spec.lease_id) if exc.status_code == 409 else None
+            if found is not None:
+                return str(found.id)
+            raise ContainerError(
+                f"Docker refused to create the container: {exc.explanation}"
+            ) from exc
+        gpus = ",".join(map(str, gpu_indices)) or "-"
+        log.info("created %s for lease %s, GPUs %s", container.short_id, spec.lease_id, gpus)
+        return str(container.id)
+
+    @_engine_errors
+    def start(self, container_id: str) -> dict[int, int]:
+        """Start the container; return {container port: host port} once Docker has bound them."""
+        container = self.client.containers.get(container_id)
+        if container.status != "running":
+            try:
+                container.start()
+            except APIError as exc:
+                if "could not select device driver" in str(exc.explanation):
+                    raise ContainerError(GPU_TOOLKIT_HINT) from exc
+                raise ContainerError(
+                    f"Docker could not start the container: {exc.explanation}"
+                ) from exc
+        declared = _int_list(container.labels.get(LABEL_PORTS, ""))
+        deadline = time.monotonic() + PORT_BIND_TIMEOUT_S
+        while True:
+            container.reload()
+            ports = _host_ports(container.attrs, declared)
+            if len(ports) == len(declared):
+                return ports
+            self._fail_if_exited(container, "before its ports were published")
+            if time.monotonic() > deadline:
+                raise ContainerError(f"Docker did not publish ports {declared} in time")
+            time.sleep(0.2)
+
+    @_engine_errors
+    def run(
+        self,
+        spec: DockerRun,
+        gpu_indices: Sequence[int],
+        *,
+        agent_id: str,
+        ready_timeout_s: float = 300,
+    ) -> RunResult:
+        """Create, start, wait for every declared port, warm up; a failed start is removed.
+
+        ``ready_timeout_s`` counts from the start, so a long pull does not eat into it.
+        """
+        existing = self.find(spec.lease_id)
+        already_running = existing is not None and existing.status == "running"
+        container_id = self.create(spec, gpu_indices, agent_id=agent_id)
+        try:
+            ports = self.start(container_id)
+            deadline = time.monotonic() + ready_timeout_s
+            self._wait_ready(container_id, ports, deadline, ready_timeout_s)
+            if spec.warmup and not already_running:
+                self._warm_up(spec.lease_id, container_id, spec.warmup, deadline)
+        except (ContainerError, DockerException):
+            # A half-started container would hold the GPUs and later surface as an "exit"; a
+            # retried docker_run starts from scratch. A renter's running one is left alone.
+            if not already_running:
+                with contextlib.suppress(DockerException, requests.RequestException):
+                    self._remove_container(spec.lease_id, container_id)
+            raise
+        log.info("lease %s running in %s, ports %s", spec.lease_id, container_id[:12], ports)
+        return RunResult(container_id=container_id, ports=ports)
+
+    @_engine_errors
+    def find(self, lease_id: str) -> Container | None:
+        found = self._lease_containers(lease_id)
+        return found[0] if found else None
+
+    @_engine_errors
+    def remove(self, lease_id: str) -> bool:
+        """Stop (SIGTERM, SIGKILL after the grace) and remove; False if there was nothing."""
+        removed = False
+        for container in self._lease_containers(lease_id):
+            removed = self._remove_container(lease_id, container.id) or removed
+        return removed
+
+    @_engine_errors
+    def list_claimed(self, agent_id: str | None = None) -> list[ClaimedContainer]:
+        """Containers labelled ``cloudgpu.claim`` (by ``agent_id``, or by any agent)."""
+        label = LABEL_CLAIM if agent_id is None else f"{LABEL_CLAIM}={agent_id}"
+        claimed = []
+        # The summary listing is one call and cannot race with a removal, unlike inspecting.
+        for row in self.client.api.containers(all=True, filters={"label": label}):
+            labels = row.get("Labels") or {}
+            ports = {
+                int(p["PrivatePort"]): int(p["PublicPort"])
+                for p in row.get("Ports") or []
+                if p.get("PublicPort") and p.get("Type") == "tcp" and p.get("IP") == "127.0.0.1"
+            }
+            lease_id, owner = labels.get(LABEL_LEASE, ""), labels.get(LABEL_CLAIM, "")
+            gpus = tuple(_int_list(labels.get(LABEL_GPUS, "")))
+            claimed.append(ClaimedContainer(lease_id, row["Id"], owner, row["State"], gpus, ports))
+        return claimed
+
+    @_engine_errors
+    def exit_info(self, container_id: str) -> tuple[int, str] | None:
+        """(exit code, last log lines) once the container has exited; None before, or if gone."""
+        try:
+            state = self.client.api.inspect_container(container_id)["State"]
+        except NotFound:
+            return None
+        if state.get("Status") not in {"exited", "dead"}:
+            return None
+        return int(state.get("ExitCode", -1)), self._log_tail(container_id)
+
+    def watch_exits(
+        self, callback: ExitCallback, stop_event: threading.Event, *, since: float | None = None
+    ) -> None:
+        """Call ``callback(lease_id, exit_code)`` for each claimed container that dies on its own.
+
+        Blocks until ``stop_event`` is set. ``since`` (Unix time, default now) closes the gap
+        between deciding to watch and subscribing: Docker replays events from its buffer. A
+        dropped stream (dockerd restarting) resumes after the last event seen.
+        """
+        seen_ns = (time.time_ns() if since is None else int(since * 1e9)) - 1
+        open_streams: list[Any] = []
+
+        def close_on_stop() -> None:
+            # Reading the stream blocks; only shutting its socket down wakes the reader.
+            stop_event.wait()
+            for stream in list(open_streams):
+                with contextlib.suppress(OSError, AttributeError):  # raced with the reader
+                    stream.close()
+
+        threading.Thread(target=close_on_stop, name="cloudgpu-events-stop", daemon=True).start()
+        while not stop_event.is_set():
+            try:
+                stream = self.client.events(
+                    since=f"{seen_ns // 10**9}.{seen_ns % 10**9:09d}",
+                    filters={"type": "container", "event": "die", "label": LABEL_CLAIM},
+                    decode=True,
+                )
+            except (DockerException, requests.RequestException) as exc:
+                log.warning("cannot watch Docker events (%s); retrying", exc)
+                stop_event.wait(2)
+                continue
+            open_streams.append(stream)
+            try:
+                # Checked after the append: a stop from now on finds the stream and closes it.
+                for event in () if stop_event.is_set() else stream:
+                    event_ns = int(event.get("timeNano") or 0)
+                    if event_ns > seen_ns and not stop_event.is_set():
+                        seen_ns = event_ns
+                        self._report_exit(event, callback)
+            except (DockerException, requests.RequestException, OSError) as exc:
+                log.warning("Docker events stream broke (%s); reconnecting", exc)
+            finally:
+                open_streams.remove(stream)
+                _close_stream(stream)
+            stop_event.wait(1)  # the engine went away: don't spin while it restarts
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _check(self, spec: DockerRun, gpu_indices: Sequence[int]) -> None:
+        # The protocol refused these already, but a DockerRun built in code never went through it.
+        try:
+            protocol.validate_image(spec.image, "image")
+            protocol.validate_env(dict(spec.env), "env")
+            for port in spec.ports:
+                protocol.validate_port(port, "port")
+            if spec.cache_volume is not None:
+                cache = {"name": spec.cache_volume.name, "path": spec.cache_volume.path}
+                protocol.CacheVolume.parse(cache, "cache_volume")
+        except ProtocolError as exc:
+            raise ContainerError(f"refusing to run lease {spec.lease_id}: {exc}") from None
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in gpu_indices):
+            raise ContainerError(f"GPU indices must be whole numbers, not {list(gpu_indices)}")
+        if self.gpu_devices == "nvidia" and not gpu_indices:
+            raise ContainerError(f"lease {spec.lease_id} has no claimed GPU for its container")
+
+    def _create_options(
+        self, spec: DockerRun, gpu_indices: Sequence[int], agent_id: str
+    ) -> dict[str, Any]:
+        mounts = []
+        if spec.cache_volume is not None:
+            volume = self._cache_volume(spec.cache_volume.name)
+            mounts.append(Mount(target=spec.cache_volume.path, source=volume, type="volume"))
+        devices = None
+        if self.gpu_devices == "nvidia":
+            ids = [str(i) for i in gpu_indices]
+            devices = [DeviceRequest(driver="nvidia", device_ids=ids, capabilities=[["gpu"]])]
+        # Network, PID and IPC modes stay unset: Docker's defaults are private namespaces.
+        return {
+            "image": spec.image,
+            "name": f"cloudgpu-{spec.lease_id}",
+            "command": list(spec.command) if spec.command is not None else None,
+            "entrypoint": list(spec.entrypoint) if spec.entrypoint is not None else None,
+            "environment": [f"{name}={value}" for name, value in spec.env.items()],
+            "user": spec.user,
+            "labels": {
+                LABEL_CLAIM: agent_id,
+                LABEL_LEASE: spec.lease_id,
+                LABEL_PORTS: ",".join(map(str, spec.ports)),
+                LABEL_GPUS: ",".join(map(str, gpu_indices)),
+            },
+            # Loopback only: the tunnel is the one way in from outside.
+            "ports": {f"{port}/tcp": ("127.0.0.1", None) for port in spec.ports},
+            "mounts": mounts,
+            "device_requests": devices,
+            "shm_size": self.shm_size,
+            "privileged": False,
+            "security_opt": ["no-new-privileges:true"],
+            "pids_limit": self.pids_limit,
+            "cap_drop": list(DROPPED_CAPS),
+            "restart_policy": {"Name": "no"},
+            "detach": True,
+        }
+
+    def _cache_volume(self, name: str) -> str:
+        volume_name = f"cloudgpu-cache-{name}"
+        try:
+            volume = self.client.volumes.get(volume_name)
+        except NotFound:
+            volume = self.client.volumes.create(volume_name, labels={LABEL_CACHE: name})
+        # The local driver's "device" option makes a named volume a host bind mount in disguise.
+        if "device" in (volume.attrs.get("Options") or {}):
+            raise ContainerError(f"volume {volume_name} is a host bind mount; refusing to mount it")
+        return volume_name
+
+    def _lease_containers(self, lease_id: str) -> list[Container]:
+        found = self.client.containers.list(
+            all=True, filters={"label": f"{LABEL_LEASE}={lease_id}"}, ignore_removed=True
+        )
+        return list(found)
+
+    def _wait_ready(
+        self, container_id: str, ports: dict[int, int], deadline: float, timeout_s: float
+    ) -> None:
+        container = self.client.containers.get(container_id)
+        while ports := {port: host for port, host in ports.items() if not _port_answers(host)}:
+            container.reload()
+            self._fail_if_exited(container, "before its ports were ready")
+            if time.monotonic() > deadline:
+                listed = ", ".join(map(str, ports))
+                raise ContainerError(
+                    f"port {listed} did not accept connections within {timeout_s:.0f} s"
+                )
+            time.sleep(0.5)
+
+    def _warm_up(
+        self, lease_id: str, container_id: str, command: Sequence[str], deadline: float
+    ) -> None:
+        shown = shlex.join(command)
+        exec_id = self.client.api.exec_create(container_id, list(command))["Id"]
+        timed_out = threading.Event()
+
+        def on_deadline() -> None:
+            # The exec stream has no read timeout: killing the container is what ends it.
+            timed_out.set()
+            self._mark_removing(lease_id)
+            with contextlib.suppress(DockerException, requests.RequestException):
+                self.client.api.kill(container_id)
+
+        timer = threading.Timer(max(0.0, deadline - time.monotonic()), on_deadline)
+        timer.daemon = True
+        timer.start()
+        lines: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+        stream = self.client.api.exec_start(exec_id, stream=True)
+        try:
+            partial = ""
+            for chunk in stream:
+                *complete, partial = (partial + chunk.decode("utf-8", "replace")).split("\n")
+                lines.extend(complete)
+            lines.append(partial)
+        finally:
+            timer.cancel()
+            _close_stream(stream)
+        if timed_out.is_set():
+            raise ContainerError(f"warm-up `{shown}` did not finish in time")
+        # The stream can end a moment before Docker records the exit code.
+        settle = time.monotonic() + 10
+        while (state := self.client.api.exec_inspect(exec_id))["Running"]:
+            if time.monotonic() > settle:
+                break
+            time.sleep(0.1)
+        if state.get("ExitCode") != 0:
+            tail = "\n".join(lines).strip()[-LOG_TAIL_CHARS:]
+            raise ContainerError(
+                f"warm-up `{shown}` failed with exit code {state.get('ExitCode')}; "
+                f"last lines:\n{tail}"
+            )
+
+    def _fail_if_exited(self, container: Container, when: str) -> None:
+        if container.status in {"exited", "dead"}:
+            code = container.attrs.get("State", {}).get("ExitCode", -1)
+            tail = self._log_tail(container.id)
+            raise ContainerError(
+                f"the container exited with code {code} {when}; last log lines:\n{tail}"
+            )
+
+    def _log_tail(self, container_id: str) -> str:
+        try:
+            raw = self.client.api.logs(container_id, stdout=True, stderr=True, tail=LOG_TAIL_LINES)
+        except NotFound:
+            return ""
+        return raw.decode("utf-8", "replace")[-LOG_TAIL_CHARS:]
+
+    def _remove_container(self, lease_id: str, container_id: str) -> bool:
+        self._mark_removing(lease_id)
+        try:
+            # SIGTERM (or the image's STOPSIGNAL) first, so that a job can checkpoint.
+            self.client.api.stop(container_id, timeout=self.stop_grace_s)
+            # v=True drops anonymous volumes only: Docker never removes a named cache here.
+            self.client.api.remove_container(container_id, v=True, force=True)
+        except NotFound:
+            return False
+        except APIError as exc:
+            if exc.status_code == 409:  # a concurrent remove() is already at it
+                return False
+            raise
+        log.info("removed container %s of lease %s", container_id[:12], lease_id)
+        return True
+
+    def _mark_removing(self, lease_id: str) -> None:
+        with self._removing_lock:
+            self._removing.append(lease_id)
+
+    def _report_exit(self, event: dict[str, Any], callback: ExitCallback) -> None:
+        attributes = (event.get("Actor") or {}).get("Attributes") or {}
+        lease_id = attributes.get(LABEL_LEASE)
+        with self._removing_lock:
+            if not lease_id or lease_id in self._removing:
+                return
+        try:
+            exit_code = int(attributes.get("exitCode", -1))
+        except ValueError:
+            exit_code = -1
+        try:
+            callback(lease_id, exit_code)
+        except Exception:
+            log.exception("exit callback failed for lease %s", lease_id)
+
+
+def _close_stream(stream: Any) -> None:
+    with contextlib.suppress(OSError):
+        stream.close()
+    # CancellableStream.close() leaves the response open, and its file object keeps the fd.
+    stream._response.close()
+
+
+def _pull_error(ref: str, detail: str) -> ContainerError:
+    lowered = detail.lower()
+    denied = ("not found", "manifest unknown", "pull access denied", "unauthorized", "denied")
+    if any(marker in lowered for marker in denied):
+        return ContainerError(f"image {ref} not found in its registry or access denied")
+    unreachable = ("dial tcp", "no such host", "timeout", "connection refused", "tls", "eof")
+    if any(marker in lowered for marker in unreachable):
+        return ContainerError(
+            f"the registry of image {ref} is unreachable from this host: {detail}"
+        )
+    return ContainerError(f"pulling image {ref} failed: {detail}")
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip().isdigit()]
+
+
+def _host_ports(attrs: dict[str, Any], declared: Sequence[int]) -> dict[int, int]:
+    bound = (attrs.get("NetworkSettings") or {}).get("Ports") or {}
+    ports = {}
+    for port in declared:
+        for binding in bound.get(f"{port}/tcp") or []:
+            if binding.get("HostIp") == "127.0.0.1" and binding.get("HostPort"):
+                ports[port] = int(binding["HostPort"])
+    return ports
+
+
+def _port_answers(host_port: int) -> bool:
+    """Whether a server inside the container answers on its published loopback port.
+
+    With Docker's userland proxy (the default) a connect to the host port always succeeds, and
+    the proxy hangs up at once when nothing listens inside: an immediate EOF means not ready,
+    while data or silence (a server waiting for its client to speak, as HTTP does) means ready.
+    """
+    try:
+        with socket.create_connection(("127.0.0.1", host_port), timeout=1) as conn:
+            conn.settimeout(0.3)
+            try:
+                return conn.recv(1) != b""
+            except TimeoutError:
+                return True
+    except OSError:
+        return False
+
+
+def nvidia_runtime_available(client: docker.DockerClient) -> bool:
+    """Whether this host's Docker can give containers GPUs (for ``doctor``).
+
+    The NVIDIA container toolkit shows as Docker's "nvidia" runtime, as CDI specs
+    (``nvidia-ctk cdi generate``), or as its hook on PATH, which is what enables Docker's
+    built-in "nvidia" device driver behind ``--gpus``.
+    """
+    try:
+        info = client.info()
+    except (DockerException, requests.RequestException):
+        return False
+    if "nvidia" in (info.get("Runtimes") or {}):
+        return True
+    for folder in info.get("CDISpecDirs") or CDI_SPEC_DIRS:
+        with contextlib.suppress(OSError):
+            if any("nvidia" in spec.name for spec in Path(folder).iterdir()):
+                return True
+    return shutil.which("nvidia-container-runtime-hook") is not None

@@ -1,0 +1,160 @@
+"""``--runtime docker``: the real thing. NVML for GPUs, flock + compute mode for claims,
+the Docker SDK for containers. Blocking NVML and Docker calls run in worker threads."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterable
+
+from docker.errors import DockerException
+
+from supplier_agent.claims import ClaimManager, ClaimRefused
+from supplier_agent.config import AgentConfig
+from supplier_agent.containers import ContainerError, ContainerRuntime
+from supplier_agent.gpu import Nvml
+from supplier_agent.protocol import DockerRun, GpuState
+from supplier_agent.runtime import CommandFailed, ExitReport, ReserveOutcome, RunOutcome
+from supplier_agent.state import Claim
+
+log = logging.getLogger("cloudgpu.agent.docker")
+
+
+class DockerRuntime:
+    name = "docker"
+
+    def __init__(self, config: AgentConfig, agent_id: str) -> None:
+        self.agent_id = agent_id
+        self.nvml = Nvml()
+        self.claims = ClaimManager(
+            config.lock_dir,
+            self.nvml,
+            config.compute_mode,
+            {"agent_id": agent_id, "pid": os.getpid()},
+        )
+        self.containers = ContainerRuntime(gpu_devices=config.gpu_devices)
+        # Leases this runtime holds; exit reports for anyone else's containers are ignored.
+        self._leases: set[str] = set()
+
+    async def gpus(self) -> list[GpuState]:
+        return await asyncio.to_thread(self.nvml.gpus)
+
+    def _resolve(self, selector: tuple[int, ...] | tuple[str, ...]) -> tuple[int, ...]:
+        indices: list[int] = []
+        for item in selector:
+            if isinstance(item, int):
+                indices.append(item)
+                continue
+            index = self.nvml.index_for_uuid(item)
+            if index is None:
+                raise CommandFailed(f"this host has no GPU {item}")
+            indices.append(index)
+        return tuple(indices)
+
+    def _container_pids(self, lease_id: str) -> frozenset[int]:
+        """Host pids inside the lease's container: its own compute processes are not foreign."""
+        container = self.containers.find(lease_id)
+        if container is None or container.status != "running":
+            return frozenset()
+        try:
+            top = container.top(ps_args="-eo pid")
+        except DockerException:
+            return frozenset()
+        return frozenset(
+            int(row[0]) for row in top.get("Processes") or [] if row and row[0].isdigit()
+        )
+
+    def _reserve(self, lease_id: str, indices: tuple[int, ...]) -> ReserveOutcome:
+        try:
+            result = self.claims.reserve(lease_id, indices, self._container_pids(lease_id))
+        except ClaimRefused as exc:
+            raise CommandFailed(exc.reason) from None
+        self._leases.add(lease_id)
+        return ReserveOutcome(gpu_indices=result.indices, warnings=result.warnings)
+
+    async def reserve(
+        self, lease_id: str, selector: tuple[int, ...] | tuple[str, ...]
+    ) -> ReserveOutcome:
+        indices = await asyncio.to_thread(self._resolve, selector)
+        return await asyncio.to_thread(self._reserve, lease_id, indices)
+
+    async def start(self, command: DockerRun, claim: Claim) -> RunOutcome:
+        try:
+            result = await asyncio.to_thread(
+                self.containers.run, command, claim.gpu_indices, agent_id=self.agent_id
+            )
+        except ContainerError as exc:
+            raise CommandFailed(str(exc)) from None
+        return RunOutcome(
+            container_id=result.container_id,
+            ports={str(inner): outer for inner, outer in result.ports.items()},
+        )
+
+    def _release(self, lease_id: str) -> list[str]:
+        # Order matters: the container goes first so that nothing of the renter's still runs
+        # on the GPU when its compute mode is reset and the lock is dropped.
+        try:
+            self.containers.remove(lease_id)
+        except ContainerError as exc:
+            raise CommandFailed(f"could not remove the container: {exc}") from None
+        warnings = self.claims.release(lease_id)
+        self._leases.discard(lease_id)
+        return warnings
+
+    async def release(self, lease_id: str, claim: Claim | None) -> list[str]:
+        return await asyncio.to_thread(self._release, lease_id)
+
+    def _adopt(self, claims: dict[str, Claim]) -> set[str]:
+        kept: set[str] = set()
+        running = {c.lease_id: c for c in self.containers.list_claimed(self.agent_id)}
+        for lease_id, claim in claims.items():
+            container = running.get(lease_id)
+            if claim.container_id is not None and (
+                container is None or container.status != "running"
+            ):
+                log.info("lease %s: its container is gone or stopped; dropping the claim", lease_id)
+                continue
+            try:
+                self.claims.reserve(lease_id, claim.gpu_indices, self._container_pids(lease_id))
+            except ClaimRefused as exc:
+                log.warning("lease %s: cannot re-claim its GPUs (%s); dropping it", lease_id, exc)
+                continue
+            self._leases.add(lease_id)
+            kept.add(lease_id)
+        for lease_id in set(running) - kept:
+            log.info("removing container of lease %s: no claim owns it", lease_id)
+            with contextlib.suppress(ContainerError):
+                self.containers.remove(lease_id)
+        orphaned = {i for lease, c in claims.items() if lease not in kept for i in c.gpu_indices}
+        held = {i for lease in kept for i in claims[lease].gpu_indices}
+        for warning in self.claims.restore_default_modes(sorted(orphaned - held)):
+            log.warning("%s", warning)
+        return kept
+
+    async def adopt(self, claims: dict[str, Claim]) -> set[str]:
+        return await asyncio.to_thread(self._adopt, claims)
+
+    def watch_exits(self, report: ExitReport, stop: threading.Event) -> None:
+        def on_exit(lease_id: str, exit_code: int) -> None:
+            if lease_id not in self._leases:
+                return
+            container = self.containers.find(lease_id)
+            info = self.containers.exit_info(container.id) if container is not None else None
+            report(lease_id, exit_code, info[1] if info else "")
+
+        self.containers.watch_exits(on_exit, stop)
+
+    async def prepull(self, images: Iterable[str]) -> None:
+        for image in images:
+            try:
+                if not await asyncio.to_thread(self.containers.image_present, image):
+                    await asyncio.to_thread(self.containers.pull, image)
+            except ContainerError as exc:
+                log.warning("pre-pull of %s failed: %s", image, exc)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.containers.close)
+        await asyncio.to_thread(self.nvml.shutdown)

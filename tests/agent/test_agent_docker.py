@@ -1,0 +1,278 @@
+"""Real agent processes with the Docker runtime: real Docker engine, real flock, fake NVML
+(the only fake), driven by a protocol peer on loopback."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.agents import agent_env, configure, new_token, running_agent
+from tests.support.fake_gpus import FakeGpuTable, fake_nvml_env
+from tests.support.hub_peer import HubPeer, PeerConnection
+from tests.support.polling import wait_for
+
+pytestmark = pytest.mark.docker
+
+COMPUTE_MODE_DEFAULT, COMPUTE_MODE_EXCLUSIVE_PROCESS = 0, 3
+
+
+def _httpd(marker: str) -> list[str]:
+    return [
+        "sh",
+        "-c",
+        f"mkdir -p /www && echo {marker} > /www/index.html && exec httpd -f -p 8080 -h /www",
+    ]
+
+
+@dataclass
+class Host:
+    """One simulated GPU host: a fake NVML table and a lock folder that agents share."""
+
+    table: FakeGpuTable
+    lock_dir: Path
+    root: Path
+
+    def env(self) -> dict[str, str]:
+        return agent_env(**fake_nvml_env(self.table.path))
+
+    def configure_agent(self, name: str, hub: HubPeer) -> Path:
+        state = self.root / name
+        result = configure(
+            state,
+            hub.url,
+            hub.token,
+            "--runtime",
+            "docker",
+            "--gpu-devices",
+            "none",  # no NVIDIA runtime here; test_containers checks the device request
+            "--lock-dir",
+            str(self.lock_dir),
+            env=self.env(),
+        )
+        assert result.returncode == 0, result.stderr
+        return state
+
+    def lock_is_free(self, index: int) -> bool:
+        with open(self.lock_dir / f"cloudgpu-gpu-{index}.lock", "a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return True
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Host:
+    lock_dir = tmp_path / "locks"
+    lock_dir.mkdir()
+    return Host(FakeGpuTable.create(tmp_path / "gpus.json", gpu_count=2), lock_dir, tmp_path)
+
+
+@pytest.fixture
+def lease_cleanup(docker_client: object) -> Iterator[list[str]]:
+    leases: list[str] = []
+    yield leases
+    for lease in leases:
+        for container in docker_client.containers.list(  # type: ignore[attr-defined]
+            all=True, filters={"label": f"cloudgpu.lease={lease}"}
+        ):
+            container.remove(force=True)
+
+
+def _containers(docker_client: object, lease: str) -> list[object]:
+    return docker_client.containers.list(  # type: ignore[attr-defined]
+        all=True, filters={"label": f"cloudgpu.lease={lease}"}
+    )
+
+
+@contextmanager
+def _agent(
+    host: Host, hub: HubPeer, name: str, log: Path
+) -> Iterator[tuple[object, PeerConnection]]:
+    state = host.root / name
+    if not (state / "cloudgpu-agent.conf").exists():
+        host.configure_agent(name, hub)
+    count = len(hub.connections) + 1
+    with running_agent(state, log, env=host.env()) as process:
+        conn = hub.wait_for_connection(count=count, timeout_s=60)
+        hub.wait_for(conn, "register")
+        yield process, conn
+
+
+def test_a_lease_runs_and_release_cleans_up_in_order(
+    host: Host, docker_client: object, busybox_image: str, lease_cleanup: list[str], tmp_path: Path
+) -> None:
+    lease = str(uuid.uuid4())
+    lease_cleanup.append(lease)
+    marker = uuid.uuid4().hex
+    with HubPeer(new_token()) as hub, _agent(host, hub, "a", tmp_path / "a.log") as (_, conn):
+        reserved = hub.command(conn, "reserve", lease, 1, gpus="1")
+        assert reserved.ok, reserved.error
+        assert host.table.compute_mode(1) == COMPUTE_MODE_EXCLUSIVE_PROCESS
+        assert not host.lock_is_free(1)
+
+        started = hub.command(
+            conn, "docker_run", lease, 1, image=busybox_image, ports=[8080], command=_httpd(marker)
+        )
+        assert started.ok, started.error
+        port = started.result["ports"]["8080"]
+        assert httpx.get(f"http://127.0.0.1:{port}/", timeout=10).text.strip() == marker
+
+        released = hub.command(conn, "release", lease, 1, reason="renter_stop")
+        assert released.ok, released.error
+        assert _containers(docker_client, lease) == []
+        assert host.table.compute_mode(1) == COMPUTE_MODE_DEFAULT
+        assert host.lock_is_free(1)
+
+
+def test_two_agents_race_for_gpu_0_and_exactly_one_wins(host: Host, tmp_path: Path) -> None:
+    with HubPeer(new_token()) as hub, ExitStack() as stack:
+        _, conn_a = stack.enter_context(_agent(host, hub, "a", tmp_path / "a.log"))
+        _, conn_b = stack.enter_context(_agent(host, hub, "b", tmp_path / "b.log"))
+        lease_a, lease_b = str(uuid.uuid4()), str(uuid.uuid4())
+        ids = {conn_a: str(uuid.uuid4()), conn_b: str(uuid.uuid4())}
+        # Both commands go out before either answer is read: the agents really race.
+        for conn, lease in ((conn_a, lease_a), (conn_b, lease_b)):
+            hub.send(
+                conn,
+                {
+                    "type": "reserve",
+                    "command_id": ids[conn],
+                    "lease_id": lease,
+                    "epoch": 1,
+                    "gpus": "0",
+                },
+            )
+        ack_a = hub.wait_for(conn_a, "ack", lambda m: m.command_id == ids[conn_a])
+        ack_b = hub.wait_for(conn_b, "ack", lambda m: m.command_id == ids[conn_b])
+        assert [ack_a.ok, ack_b.ok].count(True) == 1
+        loser, winner_lease = (ack_b, lease_a) if ack_a.ok else (ack_a, lease_b)
+        assert winner_lease in loser.error
+        winner_state = host.root / ("a" if ack_a.ok else "b")
+        assert (winner_state / "agent_id").read_text().strip() in loser.error
+
+
+def test_a_foreign_compute_process_makes_reserve_fail_with_its_name(
+    host: Host, tmp_path: Path
+) -> None:
+    host.table.add_process(0, pid=4242, name="other-platform-job")
+    with HubPeer(new_token()) as hub, _agent(host, hub, "a", tmp_path / "a.log") as (_, conn):
+        refused = hub.command(conn, "reserve", str(uuid.uuid4()), 1, gpus="0")
+        assert not refused.ok
+        assert "other-platform-job" in refused.error
+        assert host.table.compute_mode(0) == COMPUTE_MODE_DEFAULT
+        assert host.lock_is_free(0)
+
+
+def test_kill_9_and_restart_keeps_the_lease_and_removes_orphans(
+    host: Host, docker_client: object, busybox_image: str, lease_cleanup: list[str], tmp_path: Path
+) -> None:
+    lease, orphan_lease = str(uuid.uuid4()), str(uuid.uuid4())
+    lease_cleanup.extend([lease, orphan_lease])
+    with HubPeer(new_token()) as hub:
+        with _agent(host, hub, "a", tmp_path / "a.log") as (process, conn):
+            assert hub.command(conn, "reserve", lease, 1, gpus="0").ok
+            started = hub.command(
+                conn, "docker_run", lease, 1, image=busybox_image, ports=[8080], command=_httpd("x")
+            )
+            assert started.ok, started.error
+            agent_id = (host.root / "a" / "agent_id").read_text().strip()
+            # A container of ours that no claim owns (as if the agent died between creating it
+            # and recording the claim).
+            docker_client.containers.run(  # type: ignore[attr-defined]
+                busybox_image,
+                ["sleep", "600"],
+                detach=True,
+                labels={"cloudgpu.claim": agent_id, "cloudgpu.lease": orphan_lease},
+            )
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+            assert host.lock_is_free(0)  # the kernel dropped the dead agent's flock
+
+        with _agent(host, hub, "a", tmp_path / "a2.log") as (_, conn):
+            register = hub.wait_for(conn, "register")
+            assert [c.lease_id for c in register.claims] == [lease]
+            assert register.claims[0].container_id == started.result["container_id"]
+            wait_for(
+                lambda: _containers(docker_client, orphan_lease) == [],
+                timeout_s=60,
+                what="orphan removal",
+            )
+            assert [c.status for c in _containers(docker_client, lease)] == ["running"]
+            assert not host.lock_is_free(0)  # re-claimed by the new agent process
+            assert hub.command(conn, "release", lease, 1).ok
+            assert host.lock_is_free(0)
+
+
+def test_the_same_docker_run_twice_across_a_restart_leaves_one_container(
+    host: Host, docker_client: object, busybox_image: str, lease_cleanup: list[str], tmp_path: Path
+) -> None:
+    lease = str(uuid.uuid4())
+    lease_cleanup.append(lease)
+    run_id = str(uuid.uuid4())
+    run = {"image": busybox_image, "ports": [8080], "command": _httpd("y"), "command_id": run_id}
+    with HubPeer(new_token()) as hub:
+        with _agent(host, hub, "a", tmp_path / "a.log") as (_, conn):
+            assert hub.command(conn, "reserve", lease, 1, gpus="0").ok
+            first = hub.command(conn, "docker_run", lease, 1, **dict(run))
+            assert first.ok, first.error
+            # A new command id for the same lease: the container is found, not made again.
+            again = hub.command(
+                conn, "docker_run", lease, 1, **{**run, "command_id": str(uuid.uuid4())}
+            )
+            assert again.ok, again.error
+            assert again.result["container_id"] == first.result["container_id"]
+        with _agent(host, hub, "a", tmp_path / "a2.log") as (_, conn):
+            repeated = hub.command(conn, "docker_run", lease, 1, **dict(run))
+            assert repeated == first
+        assert len(_containers(docker_client, lease)) == 1
+
+
+def test_with_the_hub_away_only_leases_past_their_paid_time_are_released(
+    host: Host, docker_client: object, busybox_image: str, lease_cleanup: list[str], tmp_path: Path
+) -> None:
+    expired, paid = str(uuid.uuid4()), str(uuid.uuid4())
+    lease_cleanup.extend([expired, paid])
+    hub = HubPeer(new_token()).__enter__()
+    hub_up = True
+    try:
+        with _agent(host, hub, "a", tmp_path / "a.log") as (_, conn):
+            for gpu, lease, until in (
+                (0, expired, "2000-01-01T00:00:00Z"),
+                (1, paid, "2999-01-01T00:00:00Z"),
+            ):
+                assert hub.command(conn, "reserve", lease, 1, gpus=str(gpu)).ok
+                run = hub.command(
+                    conn,
+                    "docker_run",
+                    lease,
+                    1,
+                    image=busybox_image,
+                    command=["sleep", "600"],
+                    paid_until=until,
+                )
+                assert run.ok, run.error
+            hub.__exit__(None, None, None)  # the hub goes away; the agent stays
+            hub_up = False
+            wait_for(
+                lambda: _containers(docker_client, expired) == [],
+                timeout_s=60,
+                what="the dead-man switch to release the expired lease",
+            )
+            # The same sweep looked at the paid lease and left it alone.
+            assert [c.status for c in _containers(docker_client, paid)] == ["running"]
+            assert host.lock_is_free(0)
+            assert not host.lock_is_free(1)
+    finally:
+        if hub_up:
+            hub.__exit__(None, None, None)

@@ -1,0 +1,353 @@
+"""The agent's container runtime against the real Docker engine, with the local busybox image."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import docker
+import httpx
+import pytest
+from docker.errors import NotFound
+
+from supplier_agent.containers import (
+    ClaimedContainer,
+    ContainerError,
+    ContainerRuntime,
+    nvidia_runtime_available,
+)
+from supplier_agent.protocol import CacheVolume, DockerRun
+from tests.support.polling import wait_for
+
+pytestmark = pytest.mark.docker
+
+# Serves the lease id at / so a test knows it reached this lease's container.
+HTTPD = "mkdir -p /www && echo {marker} > /www/index.html && exec httpd -f -p 8080 -h /www"
+
+SpecFactory = Callable[..., DockerRun]
+
+
+def _cache_name(agent_id: str) -> str:
+    return f"test-{agent_id[:8]}"
+
+
+@pytest.fixture
+def agent_id(docker_client: Any) -> Iterator[str]:
+    """A fresh agent identity; whatever it leaves in Docker is removed, even after a failure."""
+    agent = str(uuid.uuid4())
+    yield agent
+    for container in docker_client.containers.list(
+        all=True, filters={"label": f"cloudgpu.claim={agent}"}
+    ):
+        container.remove(force=True, v=True)
+    with contextlib.suppress(NotFound):
+        docker_client.volumes.get(f"cloudgpu-cache-{_cache_name(agent)}").remove(force=True)
+
+
+@pytest.fixture
+def runtime(docker_client: Any) -> ContainerRuntime:
+    # busybox's PID 1 ignores SIGTERM: a short grace keeps removals quick.
+    return ContainerRuntime(docker_client, gpu_devices="none", stop_grace_s=1)
+
+
+@pytest.fixture
+def make_spec(busybox_image: str, agent_id: str) -> SpecFactory:
+    def make(**overrides: Any) -> DockerRun:
+        lease_id = str(uuid.uuid4())
+        fields: dict[str, Any] = {
+            "command_id": str(uuid.uuid4()),
+            "lease_id": lease_id,
+            "epoch": 1,
+            "image": busybox_image,
+            "ports": (8080,),
+            "command": ("sh", "-c", HTTPD.format(marker=lease_id)),
+            "cache_volume": CacheVolume(name=_cache_name(agent_id), path="/cache"),
+        }
+        fields.update(overrides)
+        return DockerRun(**fields)
+
+    return make
+
+
+def _lease_containers(docker_client: Any, lease_id: str) -> list[Any]:
+    return docker_client.containers.list(all=True, filters={"label": f"cloudgpu.lease={lease_id}"})
+
+
+class _ExitReports(dict[str, int]):
+    """{lease_id: exit_code} as watch_exits reports them; ``in`` takes in new reports first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inbox: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
+
+    def __contains__(self, lease_id: object) -> bool:
+        while not self.inbox.empty():
+            reported, code = self.inbox.get()
+            self[reported] = code
+        return super().__contains__(lease_id)
+
+
+@contextlib.contextmanager
+def _watching(runtime: ContainerRuntime) -> Iterator[_ExitReports]:
+    """Run watch_exits in a thread for the block; it must return once told to stop."""
+    reports = _ExitReports()
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=runtime.watch_exits,
+        args=(lambda lease_id, code: reports.inbox.put((lease_id, code)), stop),
+        kwargs={"since": time.time()},
+    )
+    thread.start()
+    try:
+        yield reports
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    assert not thread.is_alive(), "watch_exits did not return once stop_event was set"
+
+
+def test_run_serves_http_on_a_loopback_host_port(
+    runtime: ContainerRuntime, make_spec: SpecFactory, agent_id: str
+) -> None:
+    spec = make_spec()
+
+    result = runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
+
+    assert set(result.ports) == {8080}
+    # run() returns only once the server answers, so a single request must succeed.
+    page = httpx.get(f"http://127.0.0.1:{result.ports[8080]}/", timeout=5)
+    assert page.text.strip() == spec.lease_id
+
+
+def test_container_is_hardened_and_labelled(
+    runtime: ContainerRuntime, make_spec: SpecFactory, agent_id: str, docker_client: Any
+) -> None:
+    spec = make_spec()
+
+    result = runtime.run(spec, [2, 5], agent_id=agent_id, ready_timeout_s=30)
+
+    inspect = docker_client.api.inspect_container(result.container_id)
+    host = inspect["HostConfig"]
+    assert inspect["Name"] == f"/cloudgpu-{spec.lease_id}"
+    assert host["Privileged"] is False
+    assert host["NetworkMode"] != "host"
+    assert host["PidMode"] != "host"
+    assert host["IpcMode"] != "host"
+    assert host["SecurityOpt"] == ["no-new-privileges:true"]
+    assert host["PidsLimit"] == 4096
+    assert host["ShmSize"] == 8 * 1024**3
+    assert "NET_RAW" in host["CapDrop"]
+    assert not host["CapAdd"]
+    assert host["RestartPolicy"]["Name"] == "no"
+    assert host["PortBindings"] == {"8080/tcp": [{"HostIp": "127.0.0.1", "HostPort": ""}]}
+    assert all(
+        binding["HostIp"] == "127.0.0.1"
+        for bindings in inspect["NetworkSettings"]["Ports"].values()
+        for binding in bindings
+    )
+    assert not host["Binds"]
+    assert [(m["Type"], m["Name"], m["Destination"]) for m in inspect["Mounts"]] == [
+        ("volume", f"cloudgpu-cache-{_cache_name(agent_id)}", "/cache")
+    ]
+    assert not host["DeviceRequests"]  # gpu_devices="none"
+    assert inspect["Config"]["Labels"] == {
+        "cloudgpu.claim": agent_id,
+        "cloudgpu.lease": spec.lease_id,
+        "cloudgpu.ports": "8080",
+        "cloudgpu.gpus": "2,5",
+    }
+
+
+def test_create_requests_exactly_the_claimed_gpus(
+    docker_client: Any, make_spec: SpecFactory, agent_id: str
+) -> None:
+    gpu_runtime = ContainerRuntime(docker_client, gpu_devices="nvidia")
+
+    container_id = gpu_runtime.create(make_spec(), [1, 3], agent_id=agent_id)
+
+    requests = docker_client.api.inspect_container(container_id)["HostConfig"]["DeviceRequests"]
+    assert [(r["Driver"], r["DeviceIDs"], r["Capabilities"]) for r in requests] == [
+        ("nvidia", ["1", "3"], [["gpu"]])
+    ]
+
+
+def test_start_without_the_nvidia_toolkit_says_to_install_it(
+    docker_client: Any, make_spec: SpecFactory, agent_id: str
+) -> None:
+    if nvidia_runtime_available(docker_client):
+        pytest.skip("this Docker can give containers GPUs")
+    gpu_runtime = ContainerRuntime(docker_client, gpu_devices="nvidia")
+    container_id = gpu_runtime.create(make_spec(), [1, 3], agent_id=agent_id)
+
+    with pytest.raises(ContainerError, match="install nvidia-container-toolkit"):
+        gpu_runtime.start(container_id)
+
+
+def test_running_a_lease_twice_leaves_one_container(
+    runtime: ContainerRuntime, make_spec: SpecFactory, agent_id: str, docker_client: Any
+) -> None:
+    spec = make_spec()
+
+    first = runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
+    second = runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
+
+    assert second == first
+    assert [c.id for c in _lease_containers(docker_client, spec.lease_id)] == [first.container_id]
+
+
+def test_missing_image_fails_and_leaves_no_container(
+    runtime: ContainerRuntime, make_spec: SpecFactory, agent_id: str, docker_client: Any
+) -> None:
+    spec = make_spec(image="cloudgpu-test/does-not-exist:1")
+
+    with pytest.raises(ContainerError, match="cloudgpu-test/does-not-exist:1"):
+        runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
+
+    assert _lease_containers(docker_client, spec.lease_id) == []
+
+
+def test_forbidden_env_is_refused_again_before_docker(
+    runtime: ContainerRuntime, make_spec: SpecFactory, agent_id: str, docker_client: Any
+) -> None:
+    spec = make_spec(env={"LD_PRELOAD": "/tmp/evil.so"})
+
+    with pytest.raises(ContainerError, match="LD_PRELOAD"):
+        runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
+
+    assert _lease_containers(docker_client, spec.lease_id) == []
+
+
+def test_warm_up_runs_inside_the_container_before_run_returns(
+    runtime: ContainerRuntime, make_spec: SpecFactory, agent_id: str
+) -> None:
+    spec = make_spec(warmup=("sh", "-c", "echo warm > /www/warm.html"))
+
+    result = runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
+
+    page = httpx.get(f"http://127.0.0.1:{result.ports[8080]}/warm.html", timeout=5)
+    assert page.text.strip() == "warm"
+
+
+def test_failing_warm_up_removes_the_container(
+    runtime: ContainerRuntime, make_spec: SpecFactory, agent_id: str, docker_client: Any
+) -> None:
+    spec = make_spec(warmup=("sh", "-c", "echo still cold; exit 3"))
+
+    with pytest.raises(ContainerError, match=r"exit code 3(?s:.*)still cold"):
+        runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
+
+    assert _lease_containers(docker_client, spec.lease_id) == []
+
+
+def test_container_exiting_before_its_port_answers_fails_with_code_and_logs(
+    runtime: ContainerRuntime, make_spec: SpecFactory, agent_id: str, docker_client: Any
+) -> None:
+    spec = make_spec(command=("sh", "-c", "echo crashed on purpose; exit 4"))
+
+    with pytest.raises(ContainerError, match=r"code 4(?s:.*)crashed on purpose"):
+        runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
+
+    assert _lease_containers(docker_client, spec.lease_id) == []
+
+
+def test_port_that_never_answers_times_out(
+    runtime: ContainerRuntime, make_spec: SpecFactory, agent_id: str
+) -> None:
+    # Docker's userland proxy accepts on the host port even with nothing listening inside.
+    spec = make_spec(command=("sleep", "120"))
+
+    with pytest.raises(ContainerError, match="port 8080 did not accept connections within 2 s"):
+        runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=2)
+
+
+def test_watch_exits_reports_a_container_that_exits_on_its_own(
+    runtime: ContainerRuntime, make_spec: SpecFactory, agent_id: str
+) -> None:
+    spec = make_spec(ports=(), command=("sh", "-c", "exit 7"))
+
+    with _watching(runtime) as reported:
+        runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
+        wait_for(lambda: spec.lease_id in reported, timeout_s=30, what="the exit report")
+
+    assert reported[spec.lease_id] == 7
+
+
+def test_watch_exits_is_silent_about_containers_the_agent_removes(
+    runtime: ContainerRuntime, make_spec: SpecFactory, agent_id: str
+) -> None:
+    removed, exits = make_spec(), make_spec(ports=(), command=("sh", "-c", "exit 5"))
+    runtime.run(removed, [0], agent_id=agent_id, ready_timeout_s=30)
+
+    with _watching(runtime) as reported:
+        runtime.remove(removed.lease_id)
+        # Docker orders events: once the later exit is reported, the removal's was seen too.
+        runtime.run(exits, [0], agent_id=agent_id, ready_timeout_s=30)
+        wait_for(lambda: exits.lease_id in reported, timeout_s=30, what="the exit report")
+
+    assert removed.lease_id not in reported
+
+
+def test_remove_is_idempotent_and_keeps_the_cache_volume(
+    runtime: ContainerRuntime, make_spec: SpecFactory, agent_id: str, docker_client: Any
+) -> None:
+    spec = make_spec()
+    runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
+
+    assert runtime.remove(spec.lease_id) is True
+    assert runtime.remove(spec.lease_id) is False
+
+    assert runtime.find(spec.lease_id) is None
+    volume = docker_client.volumes.get(f"cloudgpu-cache-{_cache_name(agent_id)}")
+    assert volume.attrs["Labels"] == {"cloudgpu.cache": _cache_name(agent_id)}
+
+
+def test_list_claimed_rebuilds_the_view_from_labels(
+    runtime: ContainerRuntime, make_spec: SpecFactory, agent_id: str
+) -> None:
+    spec = make_spec()
+    result = runtime.run(spec, [2, 5], agent_id=agent_id, ready_timeout_s=30)
+    expected = ClaimedContainer(
+        lease_id=spec.lease_id,
+        container_id=result.container_id,
+        agent_id=agent_id,
+        status="running",
+        gpu_indices=(2, 5),
+        ports=result.ports,
+    )
+
+    assert runtime.list_claimed(agent_id) == [expected]
+    assert expected in runtime.list_claimed()
+    assert runtime.list_claimed(str(uuid.uuid4())) == []
+
+
+def test_exit_info_gives_the_exit_code_and_log_tail(
+    runtime: ContainerRuntime, make_spec: SpecFactory, agent_id: str
+) -> None:
+    spec = make_spec(ports=(), command=("sh", "-c", "echo goodbye; exit 5"))
+    result = runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
+
+    code, tail = wait_for(
+        lambda: runtime.exit_info(result.container_id), timeout_s=30, what="the exit"
+    )
+
+    assert (code, tail.strip()) == (5, "goodbye")
+
+
+def test_unreachable_engine_gives_a_container_error() -> None:
+    # A closed TCP port rather than a missing unix socket: docker-py's unix transport leaks its
+    # socket when the connect fails, which pytest reports as an unclosed resource.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free_port = probe.getsockname()[1]
+    client = docker.DockerClient(base_url=f"tcp://127.0.0.1:{free_port}", version="1.41")
+    try:
+        with pytest.raises(ContainerError, match="Docker engine is not reachable"):
+            ContainerRuntime(client, gpu_devices="none").find(str(uuid.uuid4()))
+    finally:
+        client.close()
