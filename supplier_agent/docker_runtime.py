@@ -22,6 +22,8 @@ from supplier_agent.state import Claim
 
 log = logging.getLogger("cloudgpu.agent.docker")
 
+LOG_TAIL_CHARS = 8000
+
 
 class DockerRuntime:
     name = "docker"
@@ -143,7 +145,8 @@ class DockerRuntime:
                 return
             container = self.containers.find(lease_id)
             info = self.containers.exit_info(container.id) if container is not None else None
-            report(lease_id, exit_code, info[1] if info else "")
+            # The tail must fit a protocol frame (64 KiB); its end says the most.
+            report(lease_id, exit_code, info[1][-LOG_TAIL_CHARS:] if info else "")
 
         self.containers.watch_exits(on_exit, stop)
 

@@ -276,3 +276,22 @@ def test_with_the_hub_away_only_leases_past_their_paid_time_are_released(
     finally:
         if hub_up:
             hub.__exit__(None, None, None)
+
+
+def test_a_container_that_exits_on_its_own_is_reported_with_its_code(
+    host: Host, docker_client: object, busybox_image: str, lease_cleanup: list[str], tmp_path: Path
+) -> None:
+    lease = str(uuid.uuid4())
+    lease_cleanup.append(lease)
+    with HubPeer(new_token()) as hub, _agent(host, hub, "a", tmp_path / "a.log") as (_, conn):
+        assert hub.command(conn, "reserve", lease, 1, gpus="0").ok
+        script = "echo model loaded; trap 'echo out of memory; exit 3' TERM; sleep 600 & wait"
+        run = hub.command(
+            conn, "docker_run", lease, 1, image=busybox_image, command=["sh", "-c", script]
+        )
+        assert run.ok, run.error
+        # Something other than the agent stops it (a crash, an OOM kill, the job finishing).
+        docker_client.containers.get(run.result["container_id"]).kill(signal="SIGTERM")  # type: ignore[attr-defined]
+        exited = hub.wait_for(conn, "container_exited", lambda m: m.lease_id == lease)
+        assert exited.exit_code == 3
+        assert "out of memory" in exited.log_tail
