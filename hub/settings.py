@@ -76,6 +76,8 @@ INSTALLED_APPS = [
     "channels",
     "hub.accounts",
     "hub.health",
+    "hub.suppliers",
+    "hub.leases",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,144 @@
+"""Leases (a renter's use of GPUs on one host) and the command outbox to agents."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+from hub.suppliers.models import Gpu, Host
+
+
+class Lease(models.Model):
+    class State(models.TextChoices):
+        PENDING = "pending"
+        RESERVING = "reserving"
+        STARTING = "starting"
+        RUNNING = "running"
+        STOPPING = "stopping"
+        ENDED = "ended"
+        FAILED = "failed"
+
+    class EndReason(models.TextChoices):
+        RENTER_STOP = "renter_stop"
+        EXPIRED = "expired"
+        NO_FUNDS = "no_funds"
+        HOST_LOST = "host_lost"
+        ADMIN = "admin"
+        ERROR = "error"
+        EXITED = "exited"
+
+    ACTIVE_STATES = (
+        State.PENDING,
+        State.RESERVING,
+        State.STARTING,
+        State.RUNNING,
+        State.STOPPING,
+    )
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    renter = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="leases"
+    )
+    host = models.ForeignKey(Host, on_delete=models.PROTECT, related_name="leases")
+    gpus = models.ManyToManyField(Gpu, through="LeaseGpu", related_name="leases")
+    state = models.CharField(
+        max_length=16, choices=State.choices, default=State.PENDING, db_index=True
+    )
+    end_reason = models.CharField(max_length=16, choices=EndReason.choices, blank=True)
+    # Words a renter understands: "image not found", "the host went away", ...
+    failure_reason = models.TextField(blank=True)
+    # Fencing: grows each time GPUs are granted (one global sequence, so also per GPU).
+    epoch = models.BigIntegerField(unique=True)
+    image = models.CharField(max_length=512)
+    ports = models.JSONField(default=list, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    command = models.JSONField(null=True, blank=True)
+    entrypoint = models.JSONField(null=True, blank=True)
+    user = models.CharField(max_length=64, blank=True)
+    cache_volume = models.JSONField(null=True, blank=True)
+    warmup = models.JSONField(null=True, blank=True)
+    container_id = models.CharField(max_length=128, blank=True)
+    host_ports = models.JSONField(default=dict, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    log_tail = models.TextField(blank=True)
+    warnings = models.JSONField(default=list, blank=True)
+    # Set while the host is offline; past the grace period the lease ends with host_lost.
+    host_lost_since = models.DateTimeField(null=True, blank=True)
+    foreign_process_seen_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    running_since = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"lease {self.id} ({self.state})"
+
+    @property
+    def active(self) -> bool:
+        return self.state in self.ACTIVE_STATES
+
+
+class LeaseGpu(models.Model):
+    lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="lease_gpus")
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="lease_gpus")
+    # True while the lease holds the GPU; the partial unique index makes a double grant of one
+    # GPU impossible even if two transactions race past every other check.
+    active = models.BooleanField(default=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gpu"], condition=models.Q(active=True), name="one_active_lease_per_gpu"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_id} in {self.lease_id}"
+
+
+class Command(models.Model):
+    """The outbox: every command to an agent is a row first, sent by a Celery task after commit."""
+
+    class Kind(models.TextChoices):
+        RESERVE = "reserve"
+        DOCKER_RUN = "docker_run"
+        RELEASE = "release"
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        SENT = "sent"
+        ACKED = "acked"
+        FAILED = "failed"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="commands")
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="commands")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    payload = models.JSONField()
+    state = models.CharField(max_length=8, choices=State.choices, default=State.QUEUED)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    deadline = models.DateTimeField()
+    ok = models.BooleanField(null=True)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    acked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["next_attempt_at"],
+                condition=models.Q(state__in=["queued", "sent"]),
+                name="command_pending_idx",
+            )
+        ]
+        ordering = ["created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.id} ({self.state})"

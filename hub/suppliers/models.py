@@ -1,0 +1,104 @@
+"""Suppliers' side of the market: agent tokens, hosts, their GPUs, and host transitions."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class AgentToken(models.Model):
+    """A supplier's credential for agents. Only a SHA-256 digest is stored: tokens carry
+    160+ bits of randomness, so a fast hash is enough and lookups stay one indexed query."""
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="agent_tokens"
+    )
+    name = models.CharField(max_length=100, blank=True)
+    # The visible start of the token ("cgpu_3fa9c1"), so a supplier can tell tokens apart.
+    prefix = models.CharField(max_length=16)
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.name or 'unnamed'})"
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+
+class Host(models.Model):
+    class Status(models.TextChoices):
+        ONLINE = "online"
+        OFFLINE = "offline"
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="hosts"
+    )
+    token = models.ForeignKey(
+        AgentToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="hosts"
+    )
+    agent_id = models.UUIDField(unique=True)
+    hostname = models.CharField(max_length=255)
+    os = models.CharField(max_length=255, blank=True)
+    arch = models.CharField(max_length=32, blank=True)
+    cpu_model = models.CharField(max_length=255, blank=True)
+    cpu_count = models.PositiveIntegerField(default=1)
+    ram_bytes = models.BigIntegerField(default=0)
+    agent_version = models.CharField(max_length=64, blank=True)
+    runtime = models.CharField(max_length=16, default="docker")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.OFFLINE)
+    # No new leases while set; running ones are untouched.
+    maintenance = models.BooleanField(default=False)
+    # Conservative deadline kept in Postgres (refreshed at most every stats interval); the
+    # precise one lives in Redis (see hub/suppliers/liveness.py).
+    offline_after = models.DateTimeField(null=True, blank=True, db_index=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    # The Channels channel of the connection that holds this host's agent, if any.
+    channel_name = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.hostname} ({self.agent_id})"
+
+
+class Gpu(models.Model):
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=96)
+    name = models.CharField(max_length=255)
+    memory_total_bytes = models.BigIntegerField(default=0)
+    memory_used_bytes = models.BigIntegerField(default=0)
+    utilization_pct = models.PositiveSmallIntegerField(default=0)
+    processes = models.JSONField(default=list, blank=True)
+    listed = models.BooleanField(default=True)
+    price_per_hour_micros = models.BigIntegerField(default=0)
+    # Set when a heartbeat shows compute processes on this GPU that are not its lease's.
+    foreign_process_seen_at = models.DateTimeField(null=True, blank=True)
+    present = models.BooleanField(default=True)
+    stats_updated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["host", "index"], name="gpu_unique_host_index")
+        ]
+        ordering = ["host_id", "index"]
+
+    def __str__(self) -> str:
+        return f"GPU {self.index} {self.name} on {self.host.hostname}"
+
+
+class HostTransition(models.Model):
+    host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="transitions")
+    from_status = models.CharField(max_length=16)
+    to_status = models.CharField(max_length=16)
+    reason = models.CharField(max_length=200, blank=True)
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-at"]
+
+    def __str__(self) -> str:
+        return f"{self.host_id}: {self.from_status} -> {self.to_status}"
