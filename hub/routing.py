@@ -3,6 +3,12 @@ so no origin validator wraps the agent endpoint; browser endpoints add their own
 
 from __future__ import annotations
 
-from django.urls import URLPattern
+from django.urls import URLPattern, path, re_path
 
-websocket_urlpatterns: list[URLPattern] = []
+from hub.suppliers.consumers import AgentConsumer
+
+websocket_urlpatterns: list[URLPattern] = [
+    path("api/p2p/ws/", AgentConsumer.as_asgi()),
+    # The original agents' form, kept for compatibility; the token never reaches a log line.
+    re_path(r"^api/p2p/ws/(?P<token>[A-Za-z0-9_]{1,128})/?$", AgentConsumer.as_asgi()),
+]

@@ -163,7 +163,6 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = "UTC"
-CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 
 LOGGING = {
     "version": 1,
@@ -171,4 +170,37 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}
+
+# --- Control plane ----------------------------------------------------------------------------
+AGENT_HEARTBEAT_INTERVAL_S = env_int("AGENT_HEARTBEAT_INTERVAL_S", 15)
+# A host is offline this long after its last heartbeat.
+HOST_OFFLINE_AFTER_S = env_int("HOST_OFFLINE_AFTER_S", 45)
+# Full GPU telemetry is written to Postgres on change, or at least this often; liveness itself
+# goes to Redis on every heartbeat (Kubernetes' node-lease pattern).
+HOST_STATS_WRITE_INTERVAL_S = env_int("HOST_STATS_WRITE_INTERVAL_S", 60)
+# Leases on an offline host wait this long for it to come back before ending with host_lost.
+LEASE_HOST_GRACE_S = env_int("LEASE_HOST_GRACE_S", 600)
+# Unacked commands are re-sent this often until their deadline.
+COMMAND_RESEND_S = env_int("COMMAND_RESEND_S", 10)
+COMMAND_DEADLINES_S = {
+    "reserve": env_int("COMMAND_DEADLINE_RESERVE_S", 120),
+    # Pulling a large image can take a while; the agent acks only once the ports answer.
+    "docker_run": env_int("COMMAND_DEADLINE_DOCKER_RUN_S", 1800),
+    "release": env_int("COMMAND_DEADLINE_RELEASE_S", 600),
+}
+SWEEP_INTERVAL_S = env_int("SWEEP_INTERVAL_S", 5)
+CELERY_BEAT_SCHEDULE = {
+    "mark-overdue-hosts-offline": {
+        "task": "suppliers.mark_overdue_hosts_offline",
+        "schedule": float(SWEEP_INTERVAL_S),
+    },
+    "redispatch-commands": {
+        "task": "leases.redispatch_commands",
+        "schedule": float(SWEEP_INTERVAL_S),
+    },
+    "end-leases-of-lost-hosts": {
+        "task": "leases.end_leases_of_lost_hosts",
+        "schedule": float(SWEEP_INTERVAL_S),
+    },
 }

@@ -1,0 +1,143 @@
+"""`manage.py hub ...`: the control plane from the shell, before (and beside) the dashboard.
+
+hub token create --owner USER [--name NAME]     print a new agent token (shown once)
+hub token revoke PREFIX_OR_ID
+hub hosts                                       hosts, status and GPUs
+hub lease start --renter USER --host HOST --gpus 0[,1] --image IMAGE [--port N ...]
+                [--env K=V ...] [--command ARG ...] [--wait SECONDS]
+hub lease release LEASE_ID [--reason REASON]
+hub lease show LEASE_ID
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db.models import Q
+
+from hub.accounts.models import User
+from hub.leases.models import Lease
+from hub.leases.services import LeaseError, LeaseSpec, release_lease, start_lease
+from hub.suppliers.models import AgentToken, Host
+from hub.suppliers.services import create_agent_token, revoke_agent_token
+
+
+def _user(username: str) -> User:
+    try:
+        return User.objects.get(username=username)
+    except User.DoesNotExist:
+        raise CommandError(f"no user {username!r}") from None
+
+
+def _host(ref: str) -> Host:
+    query = Q(hostname=ref)
+    if ref.isdigit():
+        query |= Q(pk=int(ref))
+    if len(ref) == 36:
+        query |= Q(agent_id=ref)
+    hosts = list(Host.objects.filter(query)[:2])
+    if len(hosts) != 1:
+        raise CommandError(f"{ref!r} matches {len(hosts) or 'no'} host(s); use the host id")
+    return hosts[0]
+
+
+def _env(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise CommandError(f"--env {pair!r} must look like NAME=value")
+        env[name] = value
+    return env
+
+
+class Command(BaseCommand):
+    help = __doc__
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        nouns = parser.add_subparsers(dest="noun", required=True)
+        token = nouns.add_parser("token").add_subparsers(dest="verb", required=True)
+        create = token.add_parser("create")
+        create.add_argument("--owner", required=True)
+        create.add_argument("--name", default="")
+        revoke = token.add_parser("revoke")
+        revoke.add_argument("token")
+        nouns.add_parser("hosts")
+        lease = nouns.add_parser("lease").add_subparsers(dest="verb", required=True)
+        start = lease.add_parser("start")
+        start.add_argument("--renter", required=True)
+        start.add_argument("--host", required=True)
+        start.add_argument("--gpus", default="0")
+        start.add_argument("--image", required=True)
+        start.add_argument("--port", type=int, action="append", default=[])
+        start.add_argument("--env", action="append", default=[])
+        start.add_argument("--command", nargs=argparse.REMAINDER)
+        start.add_argument("--wait", type=float, default=0, help="wait up to N s for running")
+        release = lease.add_parser("release")
+        release.add_argument("lease")
+        release.add_argument("--reason", default=Lease.EndReason.ADMIN)
+        show = lease.add_parser("show")
+        show.add_argument("lease")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        noun, verb = options["noun"], options.get("verb")
+        if noun == "token" and verb == "create":
+            token, plaintext = create_agent_token(_user(options["owner"]), options["name"])
+            self.stdout.write(plaintext)
+            self.stderr.write(f"token {token.pk} ({token.prefix}…) created; it is shown only once")
+        elif noun == "token":
+            ref = options["token"]
+            token = AgentToken.objects.filter(
+                Q(prefix=ref) | Q(pk=int(ref) if ref.isdigit() else -1)
+            ).first()
+            if token is None:
+                raise CommandError(f"no token {ref!r}")
+            revoke_agent_token(token.pk)
+            self.stdout.write(f"token {token.pk} revoked")
+        elif noun == "hosts":
+            for host in Host.objects.prefetch_related("gpus").order_by("pk"):
+                gpus = ", ".join(f"{g.index}:{g.name}" for g in host.gpus.all() if g.present)
+                self.stdout.write(f"{host.pk}\t{host.hostname}\t{host.status}\t{gpus}")
+        elif verb == "start":
+            self._start(options)
+        elif verb == "release":
+            lease = release_lease(options["lease"], options["reason"])
+            self.stdout.write(f"lease {lease.pk}: {lease.state}")
+        else:
+            self._show(Lease.objects.get(pk=options["lease"]))
+
+    def _start(self, options: dict[str, Any]) -> None:
+        try:
+            gpus = [int(i) for i in options["gpus"].split(",")]
+        except ValueError:
+            raise CommandError("--gpus must be indices like 0 or 0,1") from None
+        spec = LeaseSpec(
+            image=options["image"],
+            ports=options["port"],
+            env=_env(options["env"]),
+            command=options["command"] or None,
+        )
+        try:
+            lease = start_lease(_user(options["renter"]), _host(options["host"]), gpus, spec)
+        except LeaseError as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(str(lease.pk))
+        deadline = time.monotonic() + options["wait"]
+        while time.monotonic() < deadline:
+            lease.refresh_from_db()
+            if lease.state not in (Lease.State.RESERVING, Lease.State.STARTING):
+                break
+            time.sleep(0.5)
+        if options["wait"]:
+            self._show(lease)
+
+    def _show(self, lease: Lease) -> None:
+        self.stdout.write(
+            f"lease {lease.pk}: {lease.state}"
+            + (f" ({lease.end_reason})" if lease.end_reason else "")
+            + (f" - {lease.failure_reason}" if lease.failure_reason else "")
+            + (f" ports {lease.host_ports}" if lease.host_ports else "")
+        )

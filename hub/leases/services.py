@@ -1,0 +1,331 @@
+"""Lease services: every lease transition happens here, under a row lock or compare-and-set.
+
+pending -> reserving -> starting -> running -> stopping -> ended, or failed (never ran).
+Commands to agents are rows (the outbox) created in the same transaction as the transition and
+sent by a Celery task queued on commit; agents de-duplicate by command id.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from hub.accounts.models import User
+from hub.leases.models import Command, Lease, LeaseGpu
+from hub.suppliers.models import Gpu, Host
+from supplier_agent.protocol import Ack, ClaimState, ContainerExited
+
+log = logging.getLogger(__name__)
+
+State = Lease.State
+
+
+class LeaseError(Exception):
+    """A lease cannot be started or changed; the message is fit to show the renter."""
+
+
+@dataclass(frozen=True)
+class LeaseSpec:
+    image: str
+    ports: list[int] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    command: list[str] | None = None
+    entrypoint: list[str] | None = None
+    user: str = ""
+    cache_volume: dict[str, str] | None = None
+    warmup: list[str] | None = None
+
+
+# --- commands (outbox) --------------------------------------------------------------------------
+
+
+def _queue_command(lease: Lease, kind: str, **fields: Any) -> Command:
+    now = timezone.now()
+    command = Command(lease=lease, host_id=lease.host_id, kind=kind, next_attempt_at=now)
+    command.deadline = now + timedelta(seconds=settings.COMMAND_DEADLINES_S[kind])
+    command.payload = {
+        "type": kind,
+        "v": 1,
+        "command_id": str(command.id),
+        "lease_id": str(lease.id),
+        "epoch": lease.epoch,
+        **fields,
+    }
+    command.save()
+    from hub.leases.tasks import dispatch_command
+
+    dispatch_command.delay_on_commit(str(command.id))
+    return command
+
+
+def _docker_run_fields(lease: Lease) -> dict[str, Any]:
+    fields: dict[str, Any] = {"image": lease.image, "ports": lease.ports, "env": lease.env}
+    for name in ("command", "entrypoint", "cache_volume", "warmup"):
+        if getattr(lease, name) is not None:
+            fields[name] = getattr(lease, name)
+    if lease.user:
+        fields["user"] = lease.user
+    return fields
+
+
+# --- start --------------------------------------------------------------------------------------
+
+
+def _next_epoch() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT nextval('leases_epoch_seq')")
+        return int(cursor.fetchone()[0])
+
+
+def start_lease(renter: User, host: Host, gpu_indices: list[int], spec: LeaseSpec) -> Lease:
+    """Grant GPUs of one host to a renter and queue the reserve. Exactly one of two racing
+    renters gets a GPU: the rows are locked in pk order and a partial unique index backs it."""
+    if not gpu_indices or len(gpu_indices) > 64 or len(set(gpu_indices)) != len(gpu_indices):
+        raise LeaseError("choose between 1 and 64 distinct GPUs")
+    try:
+        with transaction.atomic():
+            host = Host.objects.select_for_update().get(pk=host.pk)
+            if host.status != Host.Status.ONLINE:
+                raise LeaseError("this host is offline")
+            if host.maintenance:
+                raise LeaseError("this host is in maintenance and takes no new rentals")
+            gpus = list(
+                Gpu.objects.select_for_update()
+                .filter(host=host, index__in=gpu_indices)
+                .order_by("pk")
+            )
+            if len(gpus) != len(gpu_indices):
+                raise LeaseError("this host does not have all of those GPUs")
+            for gpu in gpus:
+                if not (gpu.listed and gpu.present):
+                    raise LeaseError(f"GPU {gpu.index} is not for rent")
+            if LeaseGpu.objects.filter(gpu__in=gpus, active=True).exists():
+                raise LeaseError("that GPU was just rented by someone else")
+            lease = Lease.objects.create(
+                renter=renter,
+                host=host,
+                epoch=_next_epoch(),
+                state=State.RESERVING,
+                image=spec.image,
+                ports=list(spec.ports),
+                env=dict(spec.env),
+                command=spec.command,
+                entrypoint=spec.entrypoint,
+                user=spec.user,
+                cache_volume=spec.cache_volume,
+                warmup=spec.warmup,
+            )
+            LeaseGpu.objects.bulk_create([LeaseGpu(lease=lease, gpu=gpu) for gpu in gpus])
+            indices = ",".join(str(i) for i in sorted(gpu_indices))
+            _queue_command(lease, Command.Kind.RESERVE, gpus=indices)
+    except IntegrityError:
+        raise LeaseError("that GPU was just rented by someone else") from None
+    return lease
+
+
+# --- release ------------------------------------------------------------------------------------
+
+
+def release_lease(lease_id: Any, reason: str = Lease.EndReason.RENTER_STOP) -> Lease:
+    """Stop a lease (renter, admin, expiry, no funds). Idempotent."""
+    with transaction.atomic():
+        lease = Lease.objects.select_for_update().get(pk=lease_id)
+        if lease.state in (State.PENDING, State.RESERVING, State.STARTING, State.RUNNING):
+            lease.state = State.STOPPING
+            lease.end_reason = reason
+            lease.save(update_fields=["state", "end_reason"])
+            _queue_command(lease, Command.Kind.RELEASE, reason=reason)
+    return lease
+
+
+def _free_gpus(lease: Lease) -> None:
+    LeaseGpu.objects.filter(lease=lease, active=True).update(active=False)
+
+
+def _finish(lease: Lease, state: str, now: datetime, reason: str = "", failure: str = "") -> None:
+    lease.state = state
+    if reason and not lease.end_reason:
+        lease.end_reason = reason
+    if failure and not lease.failure_reason:
+        lease.failure_reason = failure
+    lease.ended_at = lease.ended_at or now
+    lease.save()
+    _free_gpus(lease)
+
+
+def _fail_and_release(lease: Lease, failure: str) -> None:
+    """A lease that never ran: record why, and have the agent let go of whatever it holds.
+    The GPUs stay granted until the agent confirms the release."""
+    lease.state = State.FAILED
+    lease.end_reason = Lease.EndReason.ERROR
+    lease.failure_reason = failure
+    lease.ended_at = timezone.now()
+    lease.save()
+    _queue_command(lease, Command.Kind.RELEASE, reason="error")
+
+
+# --- agent answers ------------------------------------------------------------------------------
+
+
+def renter_reason(error: str | None) -> str:
+    """Agent errors in words a renter understands."""
+    text = error or "the host reported an unknown error"
+    lowered = text.lower()
+    if "not found" in lowered and "image" in lowered:
+        return f"The image could not be found: {text}"
+    if "foreign compute process" in lowered or "held by" in lowered or "locked by" in lowered:
+        return f"The GPU is in use by another platform on this host: {text}"
+    return text
+
+
+def record_ack(host_id: int, ack: Ack) -> bool:
+    """Apply an agent's answer once; a repeated ack changes nothing. Returns True if applied."""
+    now = timezone.now()
+    with transaction.atomic():
+        command = (
+            Command.objects.select_for_update().filter(pk=ack.command_id, host_id=host_id).first()
+        )
+        if command is None or command.state in (Command.State.ACKED, Command.State.FAILED):
+            return False
+        command.state = Command.State.ACKED
+        command.ok = ack.ok
+        command.result = ack.result
+        command.error = ack.error or ""
+        command.acked_at = now
+        command.save()
+        lease = Lease.objects.select_for_update().get(pk=command.lease_id)
+        _advance(lease, command, ack, now)
+    return True
+
+
+def _advance(lease: Lease, command: Command, ack: Ack, now: datetime) -> None:
+    kind = command.kind
+    if kind == Command.Kind.RESERVE:
+        if lease.state != State.RESERVING:
+            return  # the lease moved on (e.g. the renter stopped it); its release follows
+        if not ack.ok:
+            _finish(lease, State.FAILED, now, Lease.EndReason.ERROR, renter_reason(ack.error))
+            return
+        lease.warnings = list(ack.result.get("warnings", []))
+        lease.state = State.STARTING
+        lease.save(update_fields=["state", "warnings"])
+        _queue_command(lease, Command.Kind.DOCKER_RUN, **_docker_run_fields(lease))
+    elif kind == Command.Kind.DOCKER_RUN:
+        if lease.state != State.STARTING:
+            return
+        if not ack.ok:
+            _fail_and_release(lease, renter_reason(ack.error))
+            return
+        lease.container_id = str(ack.result.get("container_id", ""))[:128]
+        lease.host_ports = dict(ack.result.get("ports", {}))
+        lease.state = State.RUNNING
+        lease.running_since = now
+        lease.save(update_fields=["container_id", "host_ports", "state", "running_since"])
+    elif kind == Command.Kind.RELEASE:
+        final = State.FAILED if lease.state == State.FAILED else State.ENDED
+        _finish(lease, final, now)
+
+
+def record_container_exit(host_id: int, message: ContainerExited) -> None:
+    """The lease's container stopped by itself: end the lease (and its billing)."""
+    with transaction.atomic():
+        lease = (
+            Lease.objects.select_for_update().filter(pk=message.lease_id, host_id=host_id).first()
+        )
+        if lease is None:
+            return
+        lease.exit_code = message.exit_code
+        lease.log_tail = message.log_tail[-16384:]
+        lease.save(update_fields=["exit_code", "log_tail"])
+    if lease.state in (State.STARTING, State.RUNNING):
+        release_lease(lease.pk, Lease.EndReason.EXITED)
+
+
+# --- reconciliation and host loss ---------------------------------------------------------------
+
+
+def reconcile_claims(host: Host, claims: tuple[ClaimState, ...], now: datetime) -> tuple[str, ...]:
+    """On register: which of the agent's claims the hub still wants; end leases the agent lost."""
+    reported = {claim.lease_id for claim in claims}
+    desired: list[str] = []
+    for lease in (
+        Lease.objects.select_for_update().filter(host=host).exclude(state__in=[State.ENDED])
+    ):
+        lease_id = str(lease.id)
+        if lease_id in reported:
+            if lease.state in (State.STARTING, State.RUNNING, State.RESERVING):
+                desired.append(lease_id)
+                if lease.host_lost_since is not None:
+                    lease.host_lost_since = None
+                    lease.save(update_fields=["host_lost_since"])
+            continue
+        if lease.state in (State.STARTING, State.RUNNING):
+            _finish(
+                lease,
+                State.ENDED,
+                now,
+                Lease.EndReason.HOST_LOST,
+                "The host restarted and no longer runs this rental.",
+            )
+        elif lease.state in (State.STOPPING, State.FAILED) and lease.ended_at is not None:
+            _finish(lease, lease.state if lease.state == State.FAILED else State.ENDED, now)
+        elif lease.state == State.STOPPING:
+            _finish(lease, State.ENDED, now)
+    return tuple(desired)
+
+
+def note_host_lost(host_id: int, now: datetime) -> None:
+    Lease.objects.filter(
+        host_id=host_id,
+        state__in=[State.RESERVING, State.STARTING, State.RUNNING],
+        host_lost_since__isnull=True,
+    ).update(host_lost_since=now)
+
+
+def end_leases_of_lost_hosts(now: datetime | None = None) -> list[str]:
+    """Past the grace period, a lease on a host that has not come back ends with host_lost."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.LEASE_HOST_GRACE_S)
+    ended = []
+    for lease_id in Lease.objects.filter(
+        host_lost_since__lt=cutoff, state__in=[State.RESERVING, State.STARTING, State.RUNNING]
+    ).values_list("pk", flat=True)[:500]:
+        with transaction.atomic():
+            lease = Lease.objects.select_for_update().get(pk=lease_id)
+            if lease.host_lost_since is None or lease.host_lost_since >= cutoff:
+                continue
+            if lease.state not in (State.RESERVING, State.STARTING, State.RUNNING):
+                continue
+            _finish(lease, State.ENDED, now, Lease.EndReason.HOST_LOST, "The host went away.")
+            # If the agent comes back it still holds the claim; register tells it to let go.
+            Command.objects.filter(
+                lease=lease, state__in=[Command.State.QUEUED, Command.State.SENT]
+            ).update(state=Command.State.FAILED, error="host lost")
+            ended.append(str(lease_id))
+    return ended
+
+
+# --- deadlines ----------------------------------------------------------------------------------
+
+
+def expire_command(command_id: Any) -> None:
+    """A command's deadline passed without an ack: give up on it and on what it was for."""
+    now = timezone.now()
+    with transaction.atomic():
+        command = Command.objects.select_for_update().filter(pk=command_id).first()
+        if command is None or command.state not in (Command.State.QUEUED, Command.State.SENT):
+            return
+        command.state = Command.State.FAILED
+        command.error = "no answer from the host before the deadline"
+        command.save(update_fields=["state", "error"])
+        lease = Lease.objects.select_for_update().get(pk=command.lease_id)
+        if command.kind == Command.Kind.RELEASE:
+            _finish(lease, State.FAILED if lease.state == State.FAILED else State.ENDED, now)
+        elif lease.state in (State.RESERVING, State.STARTING):
+            _fail_and_release(lease, "The host did not answer in time.")

@@ -1,0 +1,79 @@
+"""Celery tasks of the lease control plane. Tasks take ids, are idempotent and bounded."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import timedelta
+
+from asgiref.sync import async_to_sync
+from celery import shared_task
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from hub.leases import services
+from hub.leases.models import Command
+
+log = logging.getLogger(__name__)
+
+REDISPATCH_BATCH = 500
+
+
+@shared_task(name="leases.dispatch_command", acks_late=True, reject_on_worker_lost=True)
+def dispatch_command(command_id: str) -> str:
+    """Send one command to the connection that holds its host, if any; the sweep re-sends."""
+    now = timezone.now()
+    with transaction.atomic():
+        command = (
+            Command.objects.select_for_update(skip_locked=True)
+            .select_related("host")
+            .filter(pk=command_id, state__in=[Command.State.QUEUED, Command.State.SENT])
+            .first()
+        )
+        if command is None:
+            return "skipped"
+        if command.deadline <= now:
+            transaction.on_commit(lambda: services.expire_command(command_id))
+            return "expired"
+        command.next_attempt_at = now + timedelta(seconds=settings.COMMAND_RESEND_S)
+        channel = command.host.channel_name
+        if not channel:
+            command.save(update_fields=["next_attempt_at"])
+            return "no connection"
+        # channel_layer.send, not group_send: exactly one connection holds a host. A send
+        # that reaches a connection which just closed is simply re-sent by the sweep.
+        async_to_sync(get_channel_layer().send)(
+            channel, {"type": "agent.command", "frame": json.dumps(command.payload)}
+        )
+        command.state = Command.State.SENT
+        command.attempts += 1
+        command.sent_at = now
+        command.save(update_fields=["state", "attempts", "sent_at", "next_attempt_at"])
+    return "sent"
+
+
+@shared_task(name="leases.redispatch_commands")
+def redispatch_commands() -> int:
+    """Re-send unacked commands and expire overdue ones. Nothing is lost if Redis (broker or
+    channel layer) dropped a message: the outbox row is the truth."""
+    now = timezone.now()
+    due = list(
+        Command.objects.filter(
+            state__in=[Command.State.QUEUED, Command.State.SENT], next_attempt_at__lte=now
+        )
+        .order_by("next_attempt_at")
+        .values_list("pk", "deadline")[:REDISPATCH_BATCH]
+    )
+    for command_id, deadline in due:
+        if deadline <= now:
+            services.expire_command(command_id)
+        else:
+            dispatch_command(str(command_id))
+    return len(due)
+
+
+@shared_task(name="leases.end_leases_of_lost_hosts")
+def end_leases_of_lost_hosts() -> int:
+    return len(services.end_leases_of_lost_hosts())

@@ -1,0 +1,95 @@
+"""The hub's web process: ``python -m hub.serve [daphne arguments...]``.
+
+Exactly Daphne's own command line, with one difference: nothing it logs can show an agent
+token. Why this exists: the original agents authenticate with the token in the URL
+(``/api/p2p/ws/<token>``, see DESIGN.md), and Daphne writes every request path to its access log
+and Django/Twisted write paths into error records; a token in a log file is a leaked
+credential. So the access log stream and every root-logger handler pass through
+``hub.lib.redact.redact`` on their way out.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, TextIO
+
+from daphne.access import AccessLogGenerator
+from daphne.cli import CommandLineInterface
+from daphne.server import Server
+
+from hub.lib.redact import redact
+
+
+class RedactingStream:
+    """A write-only text stream that redacts each write (Daphne writes one line per call)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write(redact(text))
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
+class RedactingFilter(logging.Filter):
+    """Redacts a record's rendered message (and traceback) before any handler formats it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken format string: the handler reports it as usual
+            return True
+        redacted = redact(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        return True
+
+
+def install_log_filter() -> None:
+    """Put one RedactingFilter on every handler of every logger configured so far.
+
+    On handlers, not loggers: a logger's own filters skip records propagated from its
+    children. Not only the root's: Django's default LOGGING gives the ``django`` logger a
+    console handler of its own under DEBUG.
+    """
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", ()):  # placeholders have none
+            if not any(isinstance(existing, RedactingFilter) for existing in handler.filters):
+                handler.addFilter(RedactingFilter())
+
+
+class RedactingServer(Server):
+    def __init__(self, *args: Any, action_logger: Any = None, **kwargs: Any) -> None:
+        # Daphne's CLI builds the access logger around stdout or the --access-log file.
+        if isinstance(action_logger, AccessLogGenerator):
+            action_logger.stream = RedactingStream(action_logger.stream)
+        super().__init__(*args, action_logger=action_logger, **kwargs)
+
+
+class RedactingCommandLineInterface(CommandLineInterface):
+    server_class = RedactingServer
+
+    def load_asgi_app(self, asgi_app_path: str) -> Any:
+        install_log_filter()  # the handler Daphne's logging.basicConfig just added
+        application = super().load_asgi_app(asgi_app_path)
+        # Importing the app ran django.setup(), whose LOGGING replaced the root handlers.
+        install_log_filter()
+        return application
+
+
+def main(argv: list[str] | None = None) -> None:
+    RedactingCommandLineInterface().run(sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""Admin for suppliers' tokens, hosts and GPUs.
+
+What agents report (hardware, status, liveness, the connection's channel) is read-only here:
+only services write it, and status changes must leave a HostTransition row. Admins may edit
+the knobs that are theirs: a host's maintenance flag, a GPU's listing and price, a token's name.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from hub.suppliers.models import AgentToken, Gpu, Host, HostTransition
+from hub.suppliers.services import revoke_agent_token
+
+
+@admin.register(AgentToken)
+class AgentTokenAdmin(admin.ModelAdmin):
+    list_display = ("prefix", "name", "owner", "created_at", "last_used_at", "revoked_at")
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter), "created_at")
+    list_select_related = ("owner",)
+    search_fields = ("prefix", "name", "owner__username", "owner__email")
+    # The digest is never shown: it is not the secret, but nobody needs it on a screen.
+    fields = ("owner", "name", "prefix", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = ("owner", "prefix", "created_at", "last_used_at", "revoked_at")
+    actions = ("revoke",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # A token is created by a service that shows its plaintext once; a form can't do that.
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: AgentToken | None = None) -> bool:
+        return False  # revoke instead: that also closes the agents' live connections
+
+    @admin.action(description="Revoke selected tokens (closes their agents' connections)")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[AgentToken]) -> None:
+        revoked = sum(revoke_agent_token(pk) for pk in queryset.values_list("pk", flat=True))
+        self.message_user(request, f"Revoked {revoked} token(s).", messages.SUCCESS)
+
+
+class GpuInline(admin.TabularInline):
+    model = Gpu
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    fields = (
+        "index",
+        "name",
+        "uuid",
+        "memory_total_bytes",
+        "utilization_pct",
+        "present",
+        "listed",
+        "price_per_hour_micros",
+    )
+    readonly_fields = ("index", "name", "uuid", "memory_total_bytes", "utilization_pct", "present")
+
+    def has_add_permission(self, request: HttpRequest, obj: Host | None = None) -> bool:
+        return False  # GPUs come from the agent's register message
+
+
+class HostTransitionInline(admin.TabularInline):
+    model = HostTransition
+    extra = 0
+    fields = ("at", "from_status", "to_status", "reason")
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Host | None = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Host | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Host | None = None) -> bool:
+        return False
+
+
+@admin.register(Host)
+class HostAdmin(admin.ModelAdmin):
+    list_display = (
+        "hostname",
+        "owner",
+        "status",
+        "maintenance",
+        "runtime",
+        "agent_version",
+        "last_seen_at",
+        "created_at",
+    )
+    list_filter = ("status", "maintenance", "runtime", "arch")
+    list_select_related = ("owner",)
+    search_fields = ("hostname", "agent_id", "owner__username", "owner__email")
+    readonly_fields = (
+        "owner",
+        "token",
+        "agent_id",
+        "hostname",
+        "os",
+        "arch",
+        "cpu_model",
+        "cpu_count",
+        "ram_bytes",
+        "agent_version",
+        "runtime",
+        "status",
+        "offline_after",
+        "last_seen_at",
+        "channel_name",
+        "created_at",
+    )
+    inlines = (GpuInline, HostTransitionInline)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # hosts exist because an agent registered
+
+
+@admin.register(Gpu)
+class GpuAdmin(admin.ModelAdmin):
+    list_display = (
+        "__str__",
+        "host",
+        "index",
+        "name",
+        "listed",
+        "price_per_hour_micros",
+        "present",
+        "utilization_pct",
+        "stats_updated_at",
+    )
+    list_filter = ("listed", "present", "name")
+    list_select_related = ("host",)
+    search_fields = ("name", "uuid", "host__hostname")
+    readonly_fields = (
+        "host",
+        "index",
+        "uuid",
+        "name",
+        "memory_total_bytes",
+        "memory_used_bytes",
+        "utilization_pct",
+        "processes",
+        "present",
+        "foreign_process_seen_at",
+        "stats_updated_at",
+    )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
+@admin.register(HostTransition)
+class HostTransitionAdmin(admin.ModelAdmin):
+    list_display = ("at", "host", "from_status", "to_status", "reason")
+    list_filter = ("to_status", "at")
+    list_select_related = ("host",)
+    search_fields = ("host__hostname", "reason")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: HostTransition | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: HostTransition | None = None) -> bool:
+        return False

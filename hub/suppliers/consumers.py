@@ -1,0 +1,152 @@
+"""The agents' WebSocket. Thin: validate the frame against supplier_agent.protocol, await one
+service, reply. Nothing an agent sends can crash the handler."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+from redis.exceptions import RedisError
+
+from hub.leases import services as lease_services
+from hub.suppliers import liveness, services
+from supplier_agent.protocol import (
+    AGENT_TO_HUB,
+    Ack,
+    ContainerExited,
+    Error,
+    Heartbeat,
+    Message,
+    Pong,
+    ProtocolError,
+    Register,
+    Welcome,
+    encode,
+    parse_message,
+)
+
+log = logging.getLogger(__name__)
+
+# Close codes: a refused token closes before accept (HTTP 403 at the handshake); revocation
+# of a live connection closes with 4403.
+CLOSE_TOKEN_REVOKED = 4403
+
+
+def _bearer(scope: dict[str, Any]) -> str | None:
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            scheme, _, credential = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer" and credential.strip():
+                return credential.strip()
+    # The original agents put the token in the path: /api/p2p/ws/<token>.
+    return scope.get("url_route", {}).get("kwargs", {}).get("token")
+
+
+class AgentConsumer(AsyncWebsocketConsumer):
+    token_id: int | None = None
+    host_id: int | None = None
+
+    async def connect(self) -> None:
+        token = await database_sync_to_async(services.authenticate_agent_token)(_bearer(self.scope))
+        if token is None:
+            await self.close()  # before accept: Daphne answers the handshake with 403
+            return
+        self.token_id = token.pk
+        self._stats_signature: tuple[object, ...] | None = None
+        self._stats_written_at = 0.0
+        await self.channel_layer.group_add(services.token_group(token.pk), self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        if self.token_id is not None:
+            await self.channel_layer.group_discard(
+                services.token_group(self.token_id), self.channel_name
+            )
+        if self.host_id is not None:
+            await database_sync_to_async(services.detach_channel)(self.host_id, self.channel_name)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        try:
+            message = parse_message(
+                text_data if text_data is not None else (bytes_data or b""), allowed=AGENT_TO_HUB
+            )
+        except ProtocolError as exc:
+            await self._reply(Error(reason=str(exc)))
+            return
+        try:
+            await self._handle(message)
+        except services.RegistrationRefused as exc:
+            await self._reply(Error(reason=str(exc), ref="register"))
+            await self.close()
+        except Exception:
+            # One bad message costs one error reply, never the connection or the process.
+            log.exception("agent message %s failed", message.TYPE)
+            await self._reply(Error(reason=f"the hub could not process {message.TYPE}"))
+
+    async def _handle(self, message: Message) -> None:
+        if isinstance(message, Register):
+            await self._register(message)
+            return
+        if self.host_id is None:
+            await self._reply(Error(reason="register first", ref=message.TYPE))
+            return
+        if isinstance(message, Heartbeat):
+            await self._heartbeat(message)
+        elif isinstance(message, Ack):
+            await database_sync_to_async(lease_services.record_ack)(self.host_id, message)
+        elif isinstance(message, ContainerExited):
+            await database_sync_to_async(lease_services.record_container_exit)(
+                self.host_id, message
+            )
+        elif isinstance(message, (Pong, Error)):
+            log.info("agent on host %s says %s", self.host_id, message.TYPE)
+
+    async def _register(self, message: Register) -> None:
+        assert self.token_id is not None
+        registered = await database_sync_to_async(services.register_host)(
+            self.token_id, message, self.channel_name
+        )
+        self.host_id = registered.host_id
+        await liveness.touch(self.host_id, time.time() + settings.HOST_OFFLINE_AFTER_S)
+        await self._reply(
+            Welcome(
+                host_id=str(registered.host_id),
+                heartbeat_interval_s=settings.AGENT_HEARTBEAT_INTERVAL_S,
+                desired_claims=registered.desired_claims,
+            )
+        )
+
+    async def _heartbeat(self, message: Heartbeat) -> None:
+        assert self.host_id is not None
+        now = time.time()
+        # Liveness: one Redis write. Postgres only on change or every stats interval.
+        try:
+            await liveness.touch(self.host_id, now + settings.HOST_OFFLINE_AFTER_S)
+            redis_ok = True
+        except RedisError as exc:
+            log.warning("liveness not recorded in Redis (%s); writing to Postgres", exc)
+            redis_ok = False
+        signature = services.telemetry_signature(message)
+        if (
+            not redis_ok
+            or signature != self._stats_signature
+            or now - self._stats_written_at >= settings.HOST_STATS_WRITE_INTERVAL_S
+        ):
+            await database_sync_to_async(services.write_heartbeat_stats)(self.host_id, message)
+            self._stats_signature = signature
+            self._stats_written_at = now
+
+    async def _reply(self, message: Message) -> None:
+        await self.send(text_data=encode(message))
+
+    # --- channel layer events -----------------------------------------------------------
+
+    async def agent_command(self, event: dict[str, Any]) -> None:
+        await self.send(text_data=event["frame"])
+
+    async def agent_revoked(self, event: dict[str, Any]) -> None:
+        await self.close(code=CLOSE_TOKEN_REVOKED)

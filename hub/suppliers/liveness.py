@@ -1,0 +1,58 @@
+"""Host liveness in Redis: one sorted-set member per host, scored by its offline deadline.
+
+A heartbeat is one ZADD, not a Postgres row update, so 10,000 agents cost Redis a few hundred
+cheap writes a second and Postgres nothing. Postgres keeps a conservative copy of the deadline
+(written with the stats at most every HOST_STATS_WRITE_INTERVAL_S, plus that interval), so a
+Redis restart only makes offline detection late, never wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+
+import redis
+import redis.asyncio as aioredis
+from django.conf import settings
+
+LIVENESS_KEY = "cloudgpu:host-liveness"
+
+_sync_client: redis.Redis | None = None
+# One async client per event loop: a client is bound to the loop it was created on.
+_async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def sync_client() -> redis.Redis:
+    global _sync_client  # one connection pool per process
+    if _sync_client is None:
+        _sync_client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
+    return _sync_client
+
+
+def async_client() -> aioredis.Redis:
+    loop = asyncio.get_running_loop()
+    client = _async_clients.get(loop)
+    if client is None:
+        client = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
+        _async_clients[loop] = client
+    return client
+
+
+async def touch(host_id: int, deadline: float) -> None:
+    await async_client().zadd(LIVENESS_KEY, {str(host_id): deadline})
+
+
+def deadline_of(host_id: int) -> float | None:
+    score = sync_client().zscore(LIVENESS_KEY, str(host_id))
+    return None if score is None else float(score)
+
+
+def overdue(now: float, limit: int) -> list[int]:
+    members = sync_client().zrangebyscore(LIVENESS_KEY, "-inf", now, start=0, num=limit)
+    return [int(member) for member in members]
+
+
+def forget(host_id: int) -> None:
+    sync_client().zrem(LIVENESS_KEY, str(host_id))

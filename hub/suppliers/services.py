@@ -1,0 +1,243 @@
+"""Supplier services: agent tokens, host registration, heartbeats, offline detection."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from hub.accounts.models import User
+from hub.lib import tokens
+from hub.suppliers import liveness
+from hub.suppliers.models import AgentToken, Gpu, Host, HostTransition
+from supplier_agent.protocol import GpuState, Heartbeat, Register
+
+log = logging.getLogger(__name__)
+
+
+def token_group(token_id: int) -> str:
+    """Channels group of every live connection authenticated by one token."""
+    return f"agent-token-{token_id}"
+
+
+# --- tokens -------------------------------------------------------------------------------------
+
+
+def create_agent_token(owner: User, name: str = "") -> tuple[AgentToken, str]:
+    """Create a token; the plaintext is returned this once and never stored."""
+    plaintext = tokens.generate_token()
+    token = AgentToken.objects.create(
+        owner=owner,
+        name=name[:100],
+        prefix=tokens.visible_prefix(plaintext),
+        digest=tokens.digest(plaintext),
+    )
+    return token, plaintext
+
+
+def authenticate_agent_token(plaintext: str | None) -> AgentToken | None:
+    if not plaintext or not tokens.well_formed(plaintext):
+        return None  # a mistyped or made-up token costs no query
+    token = (
+        AgentToken.objects.select_related("owner")
+        .filter(digest=tokens.digest(plaintext), revoked_at__isnull=True)
+        .first()
+    )
+    if token is None or not token.owner.is_active:
+        return None
+    AgentToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+    return token
+
+
+def revoke_agent_token(token_id: int) -> bool:
+    """Revoke; every live connection using it is closed (through the channel layer)."""
+    with transaction.atomic():
+        revoked = AgentToken.objects.filter(pk=token_id, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+
+    def close_connections() -> None:
+        async_to_sync(get_channel_layer().group_send)(
+            token_group(token_id), {"type": "agent.revoked"}
+        )
+
+    if revoked:
+        close_connections()
+    return bool(revoked)
+
+
+# --- registration -------------------------------------------------------------------------------
+
+
+class RegistrationRefused(Exception):
+    """The agent may not register (e.g. its id belongs to another supplier)."""
+
+
+@dataclass(frozen=True)
+class Registered:
+    host_id: int
+    desired_claims: tuple[str, ...]
+
+
+def _set_status(host: Host, status: str, reason: str) -> None:
+    if host.status != status:
+        HostTransition.objects.create(
+            host=host, from_status=host.status, to_status=status, reason=reason
+        )
+        host.status = status
+
+
+def pg_offline_after(now: datetime) -> datetime:
+    # Conservative: Postgres is refreshed only every stats interval, so its deadline must
+    # outlast that interval too; Redis holds the precise one.
+    return now + timedelta(
+        seconds=settings.HOST_OFFLINE_AFTER_S + settings.HOST_STATS_WRITE_INTERVAL_S
+    )
+
+
+def register_host(token_id: int, message: Register, channel_name: str) -> Registered:
+    from hub.leases.services import reconcile_claims
+
+    now = timezone.now()
+    with transaction.atomic():
+        token = AgentToken.objects.select_related("owner").get(pk=token_id)
+        host = Host.objects.select_for_update().filter(agent_id=message.agent_id).first()
+        if host is not None and host.owner_id != token.owner_id:
+            raise RegistrationRefused("this agent id is registered to another supplier")
+        if host is None:
+            host = Host(owner=token.owner, agent_id=message.agent_id, status=Host.Status.OFFLINE)
+        host.token = token
+        for field in ("hostname", "os", "arch", "cpu_model", "cpu_count", "ram_bytes"):
+            setattr(host, field, getattr(message, field))
+        host.agent_version = message.agent_version
+        host.runtime = message.runtime
+        host.last_seen_at = now
+        host.offline_after = pg_offline_after(now)
+        host.channel_name = channel_name
+        is_new = host.pk is None
+        if is_new:
+            host.save()
+        _set_status(host, Host.Status.ONLINE, "agent registered")
+        host.save()
+        _upsert_gpus(host, message.gpus, now)
+        desired = reconcile_claims(host, message.claims, now)
+    return Registered(host_id=host.pk, desired_claims=desired)
+
+
+def _upsert_gpus(host: Host, gpus: tuple[GpuState, ...], now: datetime) -> None:
+    existing = {gpu.index: gpu for gpu in Gpu.objects.select_for_update().filter(host=host)}
+    for state in gpus:
+        gpu = existing.pop(state.index, None) or Gpu(host=host, index=state.index)
+        gpu.uuid = state.uuid
+        gpu.name = state.name
+        gpu.present = True
+        _apply_telemetry(gpu, state, now)
+        gpu.save()
+    # GPUs the host no longer reports stay for history but cannot be rented.
+    Gpu.objects.filter(pk__in=[gpu.pk for gpu in existing.values()]).update(present=False)
+
+
+def _apply_telemetry(gpu: Gpu, state: GpuState, now: datetime) -> None:
+    gpu.memory_total_bytes = state.memory_total_bytes
+    gpu.memory_used_bytes = state.memory_used_bytes
+    gpu.utilization_pct = state.utilization_pct
+    gpu.processes = [
+        {"pid": p.pid, "name": p.name, "memory_bytes": p.memory_bytes} for p in state.processes
+    ]
+    gpu.stats_updated_at = now
+
+
+def detach_channel(host_id: int, channel_name: str) -> None:
+    """The connection closed; forget its channel unless a newer connection already took over."""
+    Host.objects.filter(pk=host_id, channel_name=channel_name).update(channel_name="")
+
+
+# --- heartbeats ---------------------------------------------------------------------------------
+
+
+def telemetry_signature(message: Heartbeat) -> tuple[object, ...]:
+    """What counts as a change worth a Postgres write: utilisation in 5% steps, memory in
+    256 MiB steps, the set of compute processes, the claims."""
+    return (
+        tuple(
+            (
+                g.index,
+                g.utilization_pct // 5,
+                g.memory_used_bytes >> 28,
+                tuple(sorted(p.pid for p in g.processes)),
+            )
+            for g in message.gpus
+        ),
+        tuple(sorted(c.lease_id for c in message.claims)),
+    )
+
+
+def write_heartbeat_stats(host_id: int, message: Heartbeat) -> None:
+    """Full telemetry, on change or every stats interval (the consumer decides when)."""
+    now = timezone.now()
+    with transaction.atomic():
+        host = Host.objects.select_for_update().get(pk=host_id)
+        host.last_seen_at = now
+        host.offline_after = pg_offline_after(now)
+        _set_status(host, Host.Status.ONLINE, "heartbeat")
+        host.save(update_fields=["last_seen_at", "offline_after", "status"])
+        gpus = {g.index: g for g in Gpu.objects.select_for_update().filter(host_id=host_id)}
+        for state in message.gpus:
+            gpu = gpus.get(state.index)
+            if gpu is None:
+                continue  # a GPU that appeared since register: the next register adds it
+            _apply_telemetry(gpu, state, now)
+            gpu.save(
+                update_fields=[
+                    "memory_total_bytes",
+                    "memory_used_bytes",
+                    "utilization_pct",
+                    "processes",
+                    "stats_updated_at",
+                ]
+            )
+
+
+# --- offline sweep ------------------------------------------------------------------------------
+
+SWEEP_BATCH = 500
+
+
+def mark_overdue_hosts_offline(now: datetime | None = None) -> list[int]:
+    """Hosts whose deadline passed go offline, each with a transition row (compare-and-set)."""
+    from hub.leases.services import note_host_lost
+
+    now = now or timezone.now()
+    now_ts = now.timestamp()
+    candidates = set(liveness.overdue(now_ts, SWEEP_BATCH))
+    candidates.update(
+        Host.objects.filter(status=Host.Status.ONLINE, offline_after__lt=now).values_list(
+            "pk", flat=True
+        )[:SWEEP_BATCH]
+    )
+    went_offline = []
+    for host_id in sorted(candidates):
+        deadline = liveness.deadline_of(host_id)
+        if deadline is not None and deadline > now_ts:
+            continue  # Redis has a fresher heartbeat than Postgres
+        with transaction.atomic():
+            changed = Host.objects.filter(pk=host_id, status=Host.Status.ONLINE).update(
+                status=Host.Status.OFFLINE
+            )
+            if changed:
+                HostTransition.objects.create(
+                    host_id=host_id,
+                    from_status=Host.Status.ONLINE,
+                    to_status=Host.Status.OFFLINE,
+                    reason=f"no heartbeat for {settings.HOST_OFFLINE_AFTER_S} s",
+                )
+                note_host_lost(host_id, now)
+                went_offline.append(host_id)
+        liveness.forget(host_id)
+    return went_offline

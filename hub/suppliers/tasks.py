@@ -1,0 +1,10 @@
+from __future__ import annotations
+
+from celery import shared_task
+
+from hub.suppliers import services
+
+
+@shared_task(name="suppliers.mark_overdue_hosts_offline")
+def mark_overdue_hosts_offline() -> int:
+    return len(services.mark_overdue_hosts_offline())
