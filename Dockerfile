@@ -19,4 +19,5 @@ RUN DEBUG=1 DATABASE_URL=postgres://build@localhost/build REDIS_URL=redis://loca
 
 USER cloudgpu
 EXPOSE 8000
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "hub.asgi:application"]
+# hub.serve is Daphne with its logs redacted (agent tokens may be in a path).
+CMD ["python", "-m", "hub.serve", "-b", "0.0.0.0", "-p", "8000", "hub.asgi:application"]

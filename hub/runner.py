@@ -101,7 +101,8 @@ def serve(state: Path, host: str, port: int) -> int:
         python = sys.executable
         supervisor.start(
             "web",
-            [python, "-m", "daphne", "-b", host, "-p", str(port), "hub.asgi:application"],
+            # hub.serve is Daphne with its logs redacted (agent tokens may be in a path).
+            [python, "-m", "hub.serve", "-b", host, "-p", str(port), "hub.asgi:application"],
             env=env,
             cwd=BASE_DIR,
         )

@@ -13,7 +13,7 @@ import logging
 import random
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -54,15 +54,28 @@ BACKOFF_CAP_S = 60.0
 # A connection that lived this long counts as healthy: the next failure starts backoff afresh.
 STABLE_CONNECTION_S = 60.0
 DEADMAN_CHECK_S = 5.0
+# A lease is released by the dead-man switch only this long after its paid time, so a short
+# hub outage around a top-up never ends paid work.
+DEADMAN_GRACE_S = 300
+# ack.error is at most 4096 characters in the protocol.
+MAX_ERROR_CHARS = 3000
 
 
 class TokenRejected(Exception):
     """The hub refused our token at the handshake (HTTP 401/403)."""
 
 
+class _NoRedirects(connect):
+    """websockets follows redirects and re-sends every header, Authorization included, to
+    whatever host the redirect names; a hub never redirects its agents, so refuse."""
+
+    def process_redirect(self, exc: Exception) -> Exception | str:
+        return exc
+
+
 def open_connection(config: AgentConfig) -> Any:
     """The one place that dials the hub: bearer token in a header, never in the URL."""
-    return connect(
+    return _NoRedirects(
         config.ws_url,
         additional_headers={"Authorization": f"Bearer {config.token}"},
         user_agent_header=f"cloudgpu-agent/{__version__}",
@@ -81,10 +94,12 @@ def classify_handshake_error(exc: Exception) -> Exception:
     return exc
 
 
-def register_message(state: AgentState, runtime_name: str, gpus: list[Any]) -> Register:
+def register_message(
+    agent_id: str, claims: tuple[ClaimState, ...], runtime_name: str, gpus: list[Any]
+) -> Register:
     host = read_host_info()
     return Register(
-        agent_id=state.agent_id,
+        agent_id=agent_id,
         hostname=host.hostname,
         os=host.os,
         arch=host.arch,
@@ -94,7 +109,7 @@ def register_message(state: AgentState, runtime_name: str, gpus: list[Any]) -> R
         agent_version=__version__,
         runtime=runtime_name,
         gpus=tuple(gpus),
-        claims=claim_states(state),
+        claims=claims,
     )
 
 
@@ -163,6 +178,9 @@ class Agent:
                 log.warning("connection to the hub lost: %s", _describe(exc))
             except ProtocolError as exc:
                 log.warning("the hub sent something unexpected: %s", exc)
+            except Exception:
+                # Whatever went wrong, the agent reconnects; it never exits on its own.
+                log.exception("unexpected error in the hub session")
             finally:
                 self.connected.clear()
             if stop.is_set():
@@ -183,7 +201,10 @@ class Agent:
             raise classify_handshake_error(exc) from None
         async with connection as ws:
             gpus = await self.runtime.gpus()
-            await ws.send(encode(register_message(self.state, self.runtime.name, gpus)))
+            register = register_message(
+                self.state.agent_id, claim_states(self.state), self.runtime.name, gpus
+            )
+            await ws.send(encode(register))
             welcome = await asyncio.wait_for(self._await_welcome(ws), WELCOME_TIMEOUT_S)
             log.info("connected to the hub as host %s", welcome.host_id)
             self.connected.set()
@@ -271,7 +292,7 @@ class Agent:
             now = datetime.now(timezone.utc)
             for claim in list(self.state.claims.values()):
                 paid_until = _parse_time(claim.paid_until)
-                if paid_until is not None and paid_until < now:
+                if paid_until is not None and paid_until + timedelta(seconds=DEADMAN_GRACE_S) < now:
                     log.warning(
                         "hub unreachable and lease %s paid only until %s: releasing it",
                         claim.lease_id,
@@ -311,11 +332,11 @@ class Agent:
                 raise CommandFailed(f"unsupported command {command.TYPE}")
         except CommandFailed as exc:
             log.warning("%s for lease %s failed: %s", command.TYPE, command.lease_id, exc)
-            return Ack(command_id=command.command_id, ok=False, error=str(exc))
+            return Ack(command_id=command.command_id, ok=False, error=_fit(str(exc)))
         except Exception as exc:
             # A bug or an engine failure must cost one command, not the connection.
             log.exception("%s for lease %s crashed", command.TYPE, command.lease_id)
-            return Ack(command_id=command.command_id, ok=False, error=f"agent error: {exc}")
+            return Ack(command_id=command.command_id, ok=False, error=_fit(f"agent error: {exc}"))
         return Ack(command_id=command.command_id, ok=True, result=result)
 
     def _check_epoch(self, gpu_indices: list[int] | tuple[int, ...], epoch: int) -> None:
@@ -333,7 +354,6 @@ class Agent:
         except CommandFailed:
             await self.runtime.release(command.lease_id, None)
             raise
-        self.state.note_epoch(outcome.gpu_indices, command.epoch)
         existing = self.state.claims.get(command.lease_id)
         claim = Claim(
             lease_id=command.lease_id,
@@ -343,7 +363,13 @@ class Agent:
             ports=dict(existing.ports) if existing else {},
             paid_until=existing.paid_until if existing else None,
         )
-        self.state.save_claim(claim)
+        try:
+            self.state.note_epoch(outcome.gpu_indices, command.epoch)
+            self.state.save_claim(claim)
+        except BaseException:
+            # Unrecorded, the claim would hold the GPU until a restart (a full disk, say).
+            await self.runtime.release(command.lease_id, None)
+            raise
         return {"gpu_indices": list(outcome.gpu_indices), "warnings": list(outcome.warnings)}
 
     async def _docker_run(self, command: DockerRun) -> dict[str, Any]:
@@ -376,6 +402,14 @@ class Agent:
                 log.exception("releasing lease %s failed; will retry on next start", lease_id)
                 return
             self.state.drop_claim(lease_id)
+
+
+def _fit(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """Errors end with the useful part (a log tail): keep the start and the end."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 5) // 2
+    return f"{text[:half]} [..] {text[-half:]}"
 
 
 def _parse_time(value: str | None) -> datetime | None:

@@ -29,6 +29,7 @@ from supplier_agent.config import (
     websocket_url,
     write_file,
 )
+from supplier_agent.state import StateInUse
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_ANSWER, EXIT_TOKEN_REJECTED = 0, 1, 2, 3, 4
 
@@ -129,9 +130,10 @@ def _setup_logging(level: str) -> None:
 
 def cmd_run(config: AgentConfig) -> int:
     from supplier_agent.agent import Agent
-    from supplier_agent.state import AgentState
+    from supplier_agent.state import AgentState, lock_state_dir
 
     _setup_logging(config.log_level)
+    lock_state_dir(config.state_dir)  # held until the process exits
     state = AgentState(config.state_dir)
     runtime = make_runtime(config, state.agent_id)
     agent = Agent(config, runtime, state)
@@ -192,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_smoke(config)
         return cmd_run(config)
-    except ConfigError as exc:
+    except (ConfigError, StateInUse) as exc:
         print(f"cloudgpu-agent: {exc}", file=sys.stderr)
         return EXIT_ERROR
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import configparser
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,12 +52,25 @@ def websocket_url(hub_url: str) -> str:
     scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme)
     if scheme is None or not parts.hostname:
         raise ConfigError(f"hub URL must look like https://hub.example.com, not {hub_url!r}")
-    if parts.username or parts.password or parts.query:
+    if parts.username or parts.password or parts.query or parts.fragment:
         raise ConfigError(
             "hub URL must not carry credentials or a query; the token goes in the config"
         )
-    path = parts.path if parts.path not in {"", "/"} else WS_PATH
-    return urlunsplit((scheme, parts.netloc, path, "", ""))
+    if parts.path not in {"", "/", WS_PATH, WS_PATH.rstrip("/")}:
+        # The original agents put the token in the path; it must not end up in logs from here.
+        raise ConfigError("hub URL must be the hub's address only, e.g. https://hub.example.com")
+    if scheme == "ws" and not _is_loopback(parts.hostname):
+        raise ConfigError("the hub must be reached over https:// (plain http only on loopback)")
+    return urlunsplit((scheme, parts.netloc, WS_PATH, "", ""))
+
+
+def _is_loopback(hostname: str) -> bool:
+    if hostname == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(hostname).is_loopback
+    except ValueError:
+        return False
 
 
 def validate_token(token: str) -> str:
@@ -82,8 +96,13 @@ def read_file(state_dir: Path) -> dict[str, str]:
             parser.read_file(handle)
     except FileNotFoundError:
         return {}
-    except (OSError, configparser.Error) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except configparser.Error as exc:
+        # configparser quotes the offending line, which may be the token line.
+        line = getattr(exc, "lineno", None)
+        where = f" (line {line})" if line else ""
+        raise ConfigError(f"{path} is not a valid config file{where}") from None
     return dict(parser["agent"]) if parser.has_section("agent") else {}
 
 

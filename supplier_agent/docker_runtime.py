@@ -22,7 +22,9 @@ from supplier_agent.state import Claim
 
 log = logging.getLogger("cloudgpu.agent.docker")
 
-LOG_TAIL_CHARS = 8000
+# At most 4 bytes a character in UTF-8 (6 for an escaped control character): 24 KiB at
+# worst, well inside a 64 KiB frame.
+LOG_TAIL_CHARS = 4000
 
 
 class DockerRuntime:

@@ -19,6 +19,9 @@ from supplier_agent.protocol import GpuProcess, GpuState
 
 log = logging.getLogger(__name__)
 
+# The protocol's limit for a process name.
+MAX_PROCESS_NAME = 256
+
 T = TypeVar("T")
 
 # NVML's compute mode values, here so callers need not import pynvml.
@@ -240,13 +243,16 @@ class Nvml:
         ]
 
     def _process_name(self, pid: int) -> str:
+        # Names come from renters' processes: pynvml decodes them strictly (a non-UTF-8 name
+        # raises) and they can be long; neither may break a heartbeat.
         try:
-            return str(self._call("nvmlSystemGetProcessName", pid))
-        except GpuQueryError:
-            pass
+            return str(self._call("nvmlSystemGetProcessName", pid))[:MAX_PROCESS_NAME]
+        except Exception as exc:  # fall back to /proc whatever NVML did
+            log.debug("NVML cannot name pid %s: %s", pid, exc)
         try:
             # NVML cannot name processes it does not own in some containers; /proc still can.
-            return Path(f"/proc/{pid}/comm").read_text(encoding="utf-8", errors="replace").strip()
+            comm = Path(f"/proc/{pid}/comm").read_text(encoding="utf-8", errors="replace")
+            return comm.strip()[:MAX_PROCESS_NAME]
         except OSError:
             return ""
 

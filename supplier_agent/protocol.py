@@ -119,7 +119,7 @@ def _port_key(value: str, where: str) -> str:
 
 def validate_image(value: Any, where: str = "image") -> str:
     _str(value, where, max_len=512)
-    if not _IMAGE.match(value):
+    if not _IMAGE.fullmatch(value):
         raise ProtocolError(
             f"{where} {value!r} is not a valid image reference (e.g. pytorch/pytorch:2.5.1)"
         )
@@ -132,7 +132,7 @@ def validate_env(value: Any, where: str = "env") -> dict[str, str]:
         raise ProtocolError(f"{where} has more than {MAX_ENV_VARS} variables")
     env: dict[str, str] = {}
     for name, item in value.items():
-        if not _ENV_NAME.match(name):
+        if not _ENV_NAME.fullmatch(name):
             raise ProtocolError(f"{where}: {name!r} is not a valid variable name")
         if name in FORBIDDEN_ENV_NAMES or name.startswith(FORBIDDEN_ENV_PREFIXES):
             raise ProtocolError(f"{where}: {name} may not be set by a renter")
@@ -156,7 +156,7 @@ def parse_gpu_selector(value: Any, where: str = "gpus") -> tuple[int, ...] | tup
         if any(index >= MAX_GPUS_PER_LEASE for index in indices):
             raise ProtocolError(f"{where}: GPU indices go from 0 to {MAX_GPUS_PER_LEASE - 1}")
         return indices
-    if all(_GPU_UUID.match(part) for part in parts):
+    if all(_GPU_UUID.fullmatch(part) for part in parts):
         return tuple(parts)
     raise ProtocolError(
         f"{where} must be GPU indices like '0,1' or NVML UUIDs like 'GPU-<uuid>', not {value!r}"
@@ -327,6 +327,8 @@ class Register(Message):
     runtime: str
     gpus: tuple[GpuState, ...] = ()
     claims: tuple[ClaimState, ...] = ()
+    # `smoke`: check the token and the handshake without taking over the host's connection.
+    probe: bool = False
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Register:
@@ -347,6 +349,7 @@ class Register(Message):
             runtime=runtime,
             gpus=_gpus(data, "register"),
             claims=_claims(data, "register"),
+            probe=_expect(data.get("probe", False), bool, "register.probe"),
         )
 
 
@@ -503,7 +506,7 @@ class CacheVolume:
         _expect(data, dict, where)
         _known(data, {"name", "path"}, where)
         name = _str(data.get("name"), f"{where}.name", max_len=128)
-        if not _VOLUME_NAME.match(name):
+        if not _VOLUME_NAME.fullmatch(name):
             raise ProtocolError(f"{where}.name {name!r} is not a valid volume name")
         path = _str(data.get("path"), f"{where}.path", max_len=1024)
         if not path.startswith("/") or path == "/" or ".." in path.split("/"):
@@ -536,7 +539,7 @@ class DockerRun(Command):
         if len(set(parsed_ports)) != len(parsed_ports):
             raise ProtocolError("docker_run.ports lists a port twice")
         user = _optional(data.get("user"), _str, "docker_run.user")
-        if user is not None and not _USER.match(user):
+        if user is not None and not _USER.fullmatch(user):
             raise ProtocolError("docker_run.user must look like 'name', 'uid' or 'uid:gid'")
         return cls(
             **cls._base(data),
@@ -610,7 +613,7 @@ def parse_message(frame: str | bytes, *, allowed: frozenset[str] | None = None) 
         raise ProtocolError(f"frame larger than {MAX_FRAME_BYTES} bytes")
     try:
         data = json.loads(frame)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # JSONDecodeError, and ints past the digit limit
         raise ProtocolError("frame is not valid JSON") from None
     if not isinstance(data, dict):
         raise ProtocolError("frame must be a JSON object")
@@ -628,4 +631,5 @@ def parse_message(frame: str | bytes, *, allowed: frozenset[str] | None = None) 
 
 
 def encode(message: Message) -> str:
-    return json.dumps(message.to_dict(), separators=(",", ":"))
+    # UTF-8 as is: escaping non-ASCII would triple the size of a log tail in a frame.
+    return json.dumps(message.to_dict(), separators=(",", ":"), ensure_ascii=False)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
@@ -27,16 +28,17 @@ from supplier_agent.protocol import (
     encode,
     parse_message,
 )
-from supplier_agent.state import AgentState
+from supplier_agent.state import load_agent_id
 
 # Close codes a hub may use to refuse a token after accepting the socket.
 TOKEN_CLOSE_CODES = {4001, 4003, 4401, 4403}
 
 
 async def _handshake(config: AgentConfig) -> Welcome:
-    state = AgentState(config.state_dir)
+    # Read-only use of the state folder: the agent may be running on it right now.
+    agent_id = load_agent_id(config.state_dir)
     if config.runtime == "mock":
-        gpus = await MockRuntime(state.agent_id).gpus()
+        gpus = await MockRuntime(agent_id).gpus()
     else:
         from supplier_agent.gpu import Nvml
 
@@ -46,7 +48,10 @@ async def _handshake(config: AgentConfig) -> Welcome:
     except InvalidStatus as exc:
         raise classify_handshake_error(exc) from None
     async with connection as ws:
-        await ws.send(encode(register_message(state, config.runtime, gpus)))
+        probe = dataclasses.replace(
+            register_message(agent_id, (), config.runtime, gpus), probe=True
+        )
+        await ws.send(encode(probe))
         while True:
             try:
                 frame = await ws.recv()

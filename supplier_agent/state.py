@@ -7,6 +7,7 @@ no second effect; a command with an older epoch than one already seen for its GP
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import uuid
@@ -38,6 +39,38 @@ def _read_json(path: Path, default: Any) -> Any:
         return default
 
 
+def load_agent_id(state_dir: Path) -> str:
+    """The agent's id, made once and kept; safe to call while an agent runs (smoke does)."""
+    path = state_dir / "agent_id"
+    try:
+        return str(uuid.UUID(path.read_text().strip()))
+    except (FileNotFoundError, ValueError):
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        agent_id = str(uuid.uuid4())
+        path.write_text(agent_id + "\n")
+        return agent_id
+
+
+class StateInUse(Exception):
+    """Another agent process already runs on this state folder."""
+
+
+def lock_state_dir(state_dir: Path) -> int:
+    """Hold an exclusive lock on the state folder for the life of the agent process: two agents
+    on one folder would interleave the command journal."""
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(state_dir / "agent.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise StateInUse(f"another agent (pid {holder}) is running on {state_dir}") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 @dataclass
 class Claim:
     lease_id: str
@@ -63,13 +96,7 @@ class AgentState:
         self.answers: OrderedDict[str, dict[str, Any]] = self._load_answers()
 
     def _load_agent_id(self) -> str:
-        path = self.dir / "agent_id"
-        try:
-            return str(uuid.UUID(path.read_text().strip()))
-        except (FileNotFoundError, ValueError):
-            agent_id = str(uuid.uuid4())
-            path.write_text(agent_id + "\n")
-            return agent_id
+        return load_agent_id(self.dir)
 
     def _load_answers(self) -> OrderedDict[str, dict[str, Any]]:
         answers: OrderedDict[str, dict[str, Any]] = OrderedDict()

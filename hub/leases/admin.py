@@ -52,7 +52,9 @@ class LeaseAdmin(ViewOnlyMixin, admin.ModelAdmin):
 
     @admin.action(description="Release selected leases (end reason: admin)")
     def release(self, request: HttpRequest, queryset: QuerySet[Lease]) -> None:
-        leases = [release_lease(pk, Lease.EndReason.ADMIN) for pk in queryset.values_list("pk", flat=True)]
+        leases = [
+            release_lease(pk, Lease.EndReason.ADMIN) for pk in queryset.values_list("pk", flat=True)
+        ]
         stopping = sum(lease.state == Lease.State.STOPPING for lease in leases)
         self.message_user(request, f"Releasing {stopping} lease(s).", messages.SUCCESS)
 

@@ -159,8 +159,12 @@ class HostTransitionAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj: HostTransition | None = None) -> bool:
+    def has_change_permission(
+        self, request: HttpRequest, obj: HostTransition | None = None
+    ) -> bool:
         return False
 
-    def has_delete_permission(self, request: HttpRequest, obj: HostTransition | None = None) -> bool:
+    def has_delete_permission(
+        self, request: HttpRequest, obj: HostTransition | None = None
+    ) -> bool:
         return False

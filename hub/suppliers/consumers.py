@@ -107,6 +107,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def _register(self, message: Register) -> None:
         assert self.token_id is not None
+        if message.probe:
+            # `cloudgpu-agent smoke`: answer like a registration, change nothing (the real
+            # agent may be connected right now on another socket).
+            host_id = await database_sync_to_async(services.probe_registration)(
+                self.token_id, message
+            )
+            await self._reply(Welcome(host_id=host_id))
+            return
         registered = await database_sync_to_async(services.register_host)(
             self.token_id, message, self.channel_name
         )

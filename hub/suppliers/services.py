@@ -85,6 +85,17 @@ class Registered:
     desired_claims: tuple[str, ...]
 
 
+def probe_registration(token_id: int, message: Register) -> str:
+    """What a registration would answer, without any change: the host id, or "new"."""
+    token = AgentToken.objects.get(pk=token_id)
+    host = Host.objects.filter(agent_id=message.agent_id).first()
+    if host is None:
+        return "new"
+    if host.owner_id != token.owner_id:
+        raise RegistrationRefused("this agent id is registered to another supplier")
+    return str(host.pk)
+
+
 def _set_status(host: Host, status: str, reason: str) -> None:
     if host.status != status:
         HostTransition.objects.create(

@@ -58,3 +58,34 @@ def test_environment_overrides_the_config_file(tmp_path: Path) -> None:
     flagged = load({"state": str(state), "runtime": "docker"}, env={"CLOUDGPU_RUNTIME": "mock"})
     assert flagged.runtime == "docker"
     assert config.token not in repr(config)
+
+
+def test_a_hub_url_with_a_path_or_plain_http_to_a_remote_host_is_refused(tmp_path: Path) -> None:
+    token = new_token()
+    for url, why in (
+        (f"https://hub.example.com/api/p2p/ws/{token}", "address only"),
+        ("http://hub.example.com", "https://"),
+        ("https://user:pw@hub.example.com", "credentials"),
+    ):
+        result = configure(tmp_path / "state", url, new_token())
+        assert result.returncode == 1
+        assert why in result.stderr
+        assert token not in result.stderr
+
+
+def test_a_broken_config_file_never_echoes_the_token(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    token = new_token()
+    (state / "cloudgpu-agent.conf").write_text(f"token = {token}\n")  # no [agent] section
+    result = subprocess.run(
+        [AGENT, "run", "--state", str(state)],
+        capture_output=True,
+        text=True,
+        env=agent_env(),
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "not a valid config file" in result.stderr
+    assert token not in result.stderr

@@ -1,0 +1,264 @@
+"""The agents' WebSocket consumer through Channels' WebsocketCommunicator, on the real Redis
+channel layer and the real database."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hub.accounts.models import User
+from hub.asgi import application
+from hub.lib.tokens import generate_token
+from hub.suppliers import liveness, services
+from hub.suppliers.models import Gpu, Host, HostTransition
+from supplier_agent.protocol import MAX_FRAME_BYTES
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _register(agent_id: str, gpus: int = 1, claims: list[dict[str, Any]] | None = None) -> str:
+    return json.dumps(
+        {
+            "type": "register",
+            "v": 1,
+            "agent_id": agent_id,
+            "hostname": "gpu-box-1",
+            "os": "Ubuntu 24.04",
+            "arch": "x86_64",
+            "cpu_model": "EPYC",
+            "cpu_count": 32,
+            "ram_bytes": 256 * 2**30,
+            "agent_version": "0.1.0",
+            "runtime": "docker",
+            "gpus": [
+                {
+                    "index": i,
+                    "uuid": f"GPU-{i:08x}-0000-4000-8000-{i:012x}",
+                    "name": "NVIDIA H100 80GB HBM3",
+                    "memory_total_bytes": 80 * 2**30,
+                    "memory_used_bytes": 0,
+                    "utilization_pct": 0,
+                    "processes": [],
+                }
+                for i in range(gpus)
+            ],
+            "claims": claims or [],
+        }
+    )
+
+
+def _heartbeat(utilization: int = 0) -> str:
+    return json.dumps(
+        {
+            "type": "heartbeat",
+            "v": 1,
+            "gpus": [
+                {
+                    "index": 0,
+                    "uuid": "GPU-00000000-0000-4000-8000-000000000000",
+                    "name": "NVIDIA H100 80GB HBM3",
+                    "memory_total_bytes": 80 * 2**30,
+                    "memory_used_bytes": 0,
+                    "utilization_pct": utilization,
+                    "processes": [],
+                }
+            ],
+        }
+    )
+
+
+@database_sync_to_async
+def _supplier_token(username: str = "supplier") -> tuple[int, str]:
+    owner = User.objects.create_user(username=f"{username}-{uuid.uuid4().hex[:6]}")
+    token, plaintext = services.create_agent_token(owner, "test")
+    return token.pk, plaintext
+
+
+async def _connect(plaintext: str | None, *, legacy: bool = False) -> WebsocketCommunicator:
+    if legacy:
+        return WebsocketCommunicator(application, f"/api/p2p/ws/{plaintext}")
+    headers = [(b"authorization", f"Bearer {plaintext}".encode())] if plaintext else []
+    return WebsocketCommunicator(application, "/api/p2p/ws/", headers=headers)
+
+
+async def _registered(
+    plaintext: str, agent_id: str | None = None
+) -> tuple[WebsocketCommunicator, dict[str, Any]]:
+    communicator = await _connect(plaintext)
+    connected, _ = await communicator.connect()
+    assert connected
+    await communicator.send_to(text_data=_register(agent_id or str(uuid.uuid4())))
+    welcome = json.loads(await communicator.receive_from(timeout=10))
+    assert welcome["type"] == "welcome", welcome
+    return communicator, welcome
+
+
+@pytest.mark.parametrize("token", [None, "nonsense", "cgpu_" + "a" * 36, generate_token()])
+async def test_a_bad_token_is_refused_before_anything_changes(token: str | None) -> None:
+    communicator = await _connect(token)
+    connected, _ = await communicator.connect()
+    assert not connected
+    assert await database_sync_to_async(Host.objects.count)() == 0
+
+
+async def test_a_revoked_token_is_refused() -> None:
+    token_id, plaintext = await _supplier_token()
+    await database_sync_to_async(services.revoke_agent_token)(token_id)
+    connected, _ = await (await _connect(plaintext)).connect()
+    assert not connected
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+async def test_register_brings_the_host_online_with_its_gpus(legacy: bool) -> None:
+    _, plaintext = await _supplier_token()
+    agent_id = str(uuid.uuid4())
+    communicator = await _connect(plaintext, legacy=legacy)
+    assert (await communicator.connect())[0]
+    await communicator.send_to(text_data=_register(agent_id, gpus=2))
+    welcome = json.loads(await communicator.receive_from(timeout=10))
+    host = await database_sync_to_async(Host.objects.get)(agent_id=agent_id)
+    assert welcome == {
+        "type": "welcome",
+        "v": 1,
+        "host_id": str(host.pk),
+        "heartbeat_interval_s": 15,
+        "desired_claims": [],
+        "prepull_images": [],
+    }
+    assert host.status == Host.Status.ONLINE
+    assert host.channel_name
+    assert await database_sync_to_async(Gpu.objects.filter(host=host).count)() == 2
+    assert (
+        await database_sync_to_async(
+            HostTransition.objects.filter(host=host, to_status="online").count
+        )()
+        == 1
+    )
+    await communicator.disconnect()
+    await database_sync_to_async(host.refresh_from_db)()
+    assert host.channel_name == ""
+    liveness.forget(host.pk)
+
+
+async def test_heartbeats_move_liveness_in_redis_and_write_postgres_only_on_change() -> None:
+    _, plaintext = await _supplier_token()
+    communicator, welcome = await _registered(plaintext)
+    host_id = int(welcome["host_id"])
+    before = liveness.deadline_of(host_id)
+    gpu = await database_sync_to_async(Gpu.objects.get)(host_id=host_id, index=0)
+
+    await communicator.send_to(text_data=_heartbeat(utilization=40))
+    await _round_trip(communicator)
+    await database_sync_to_async(gpu.refresh_from_db)()
+    assert gpu.utilization_pct == 40
+    written = gpu.stats_updated_at
+
+    await communicator.send_to(text_data=_heartbeat(utilization=41))  # same 5% step
+    await _round_trip(communicator)
+    await database_sync_to_async(gpu.refresh_from_db)()
+    assert gpu.stats_updated_at == written
+    assert gpu.utilization_pct == 40
+    assert liveness.deadline_of(host_id) > before
+    await communicator.disconnect()
+    liveness.forget(host_id)
+
+
+async def _round_trip(communicator: WebsocketCommunicator) -> list[dict[str, Any]]:
+    """Messages on one socket are handled in order: once the error reply to a unique probe
+    arrives, everything sent before it has been processed. Returns the replies before it."""
+    marker = f"probe-{uuid.uuid4().hex}"
+    await communicator.send_to(text_data=json.dumps({"type": marker, "v": 1}))
+    replies = []
+    while True:
+        reply = json.loads(await communicator.receive_from(timeout=10))
+        if reply.get("reason") == f"unknown message type {marker!r}":
+            return replies
+        replies.append(reply)
+
+
+async def test_messages_before_register_get_an_error() -> None:
+    _, plaintext = await _supplier_token()
+    communicator = await _connect(plaintext)
+    assert (await communicator.connect())[0]
+    await communicator.send_to(text_data=_heartbeat())
+    reply = json.loads(await communicator.receive_from(timeout=10))
+    assert reply == {"type": "error", "v": 1, "reason": "register first", "ref": "heartbeat"}
+    await communicator.disconnect()
+
+
+async def test_revoking_the_token_closes_its_live_socket_within_5_s() -> None:
+    token_id, plaintext = await _supplier_token()
+    communicator, welcome = await _registered(plaintext)
+    await database_sync_to_async(services.revoke_agent_token)(token_id)
+    output = await communicator.receive_output(timeout=5)
+    assert output == {"type": "websocket.close", "code": 4403}
+    liveness.forget(int(welcome["host_id"]))
+
+
+frames = st.one_of(
+    st.text(min_size=1, max_size=200),
+    st.binary(min_size=1, max_size=200).map(lambda b: b.decode("latin-1")),
+    st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats(allow_nan=False)
+        | st.text(max_size=20),
+        lambda children: st.lists(children, max_size=4)
+        | st.dictionaries(st.text(max_size=10), children, max_size=4),
+        max_leaves=12,
+    ).map(json.dumps),
+    st.fixed_dictionaries(
+        {
+            "type": st.sampled_from(["register", "heartbeat", "ack", "container_exited", "pong"]),
+            "v": st.sampled_from([1, 1, 2, "1", None]),
+        },
+        optional={
+            "command_id": st.one_of(st.uuids().map(str), st.integers(), st.text(max_size=5)),
+            "ok": st.one_of(st.booleans(), st.integers()),
+            "gpus": st.one_of(st.lists(st.integers(), max_size=3), st.text(max_size=5)),
+            "agent_id": st.one_of(st.uuids().map(str), st.none()),
+            "lease_id": st.uuids().map(str),
+            "exit_code": st.integers(),
+        },
+    ).map(json.dumps),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(frame=frames)
+async def test_malformed_frames_get_an_error_reply_and_the_socket_goes_on(frame: str) -> None:
+    _, plaintext = await _supplier_token()
+    communicator, welcome = await _registered(plaintext)
+    await communicator.send_to(text_data=frame)
+    # At most one reply, an error (a frame that happens to be valid, like a bare heartbeat,
+    # gets none); then the socket still works.
+    replies = await _round_trip(communicator)
+    assert len(replies) <= 1
+    assert all(reply["type"] == "error" for reply in replies)
+    await communicator.send_to(text_data=_heartbeat())
+    assert await _round_trip(communicator) == []
+    await communicator.disconnect()
+    liveness.forget(int(welcome["host_id"]))
+
+
+async def test_huge_and_binary_frames_are_refused_and_the_socket_goes_on() -> None:
+    _, plaintext = await _supplier_token()
+    communicator, welcome = await _registered(plaintext)
+    huge = json.dumps({"type": "pong", "v": 1, "nonce": "x" * (MAX_FRAME_BYTES + 1)})
+    await communicator.send_to(text_data=huge)
+    assert "larger than" in json.loads(await communicator.receive_from(timeout=10))["reason"]
+    await communicator.send_to(bytes_data=b"\x00\x01")
+    assert "binary" in json.loads(await communicator.receive_from(timeout=10))["reason"]
+    await communicator.send_to(text_data='{"type": "pong", "v": 1, "nonce": ' + "9" * 5000 + "}")
+    assert "not valid JSON" in json.loads(await communicator.receive_from(timeout=10))["reason"]
+    assert await _round_trip(communicator) == []
+    await communicator.disconnect()
+    liveness.forget(int(welcome["host_id"]))
