@@ -86,6 +86,49 @@ def _manage(env: dict[str, str], *args: str) -> None:
     subprocess.run([sys.executable, str(BASE_DIR / "manage.py"), *args], env=env, check=True)
 
 
+def _start_demo_agent(
+    supervisor: Supervisor, agent_state: Path, env: dict[str, str], hub_url: str
+) -> None:
+    """One agent in --runtime mock for the demo supplier, so a fresh hub has a GPU to rent."""
+    agent = [sys.executable, "-m", "supplier_agent"]
+    # The agent gets none of the hub's secrets, as on a real supplier's machine.
+    agent_env = {
+        k: v for k, v in env.items() if not k.startswith(("DATABASE_", "REDIS_", "SECRET_"))
+    }
+    if not (agent_state / "cloudgpu-agent.conf").exists():
+        manage = [sys.executable, str(BASE_DIR / "manage.py")]
+        created = subprocess.run(
+            [*manage, "hub", "token", "create", "--owner", "supplier", "--name", "demo mock agent"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        subprocess.run(
+            [
+                *agent,
+                "configure",
+                "--state",
+                str(agent_state),
+                "--hub",
+                hub_url,
+                "--runtime",
+                "mock",
+            ],
+            input=created.stdout.strip() + "\n",  # the token goes through stdin, never argv
+            env=agent_env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    supervisor.start(
+        "demo-agent",
+        [*agent, "run", "--state", str(agent_state), "--hub", hub_url],
+        env=agent_env,
+        log_path=agent_state / "agent.log",
+    )
+
+
 def serve(state: Path, host: str, port: int) -> int:
     state.mkdir(parents=True, exist_ok=True)
     lock = _lock_state(state)
@@ -133,11 +176,14 @@ def serve(state: Path, host: str, port: int) -> int:
             print("Daphne did not start listening; see its output above.", file=sys.stderr)
             return 1
         base = f"http://{host}:{port}"
+        if env.get("HUB_DEMO_AGENT", "1") != "0":
+            _start_demo_agent(supervisor, state / "demo-agent", env, base)
         print(
             "\nCloudGPU hub is running:\n"
             f"  dashboard  {base}/\n"
             f"  admin      {base}/admin/\n"
             f"  health     {base}/healthz\n"
+            f"  demo agent one mock RTX 4090, log in {state / 'demo-agent' / 'agent.log'}\n"
             f"  state      {state}\n"
             "Press Ctrl-C to stop everything.\n",
             flush=True,
@@ -173,12 +219,16 @@ def exec_command(state: Path, command: Sequence[str]) -> int:
     try:
         env = prepare_environment(state, supervisor)
         # The command shares our terminal, so Ctrl-C reaches it directly; we wait it out.
+        # SIGTERM (a CI timeout, say) is passed on, and the services still stop after it.
         process = subprocess.Popen(list(command), env=env)
+        signal.signal(signal.SIGTERM, lambda signum, _frame: process.send_signal(signum))
         while True:
             try:
-                return process.wait()
+                code = process.wait()
             except KeyboardInterrupt:
                 continue
+            # A command killed by a signal exits like a shell reports it: 128 + the signal.
+            return 128 - code if code < 0 else code
     except EmbeddedServiceError as exc:
         print(f"hub runner: {exc}", file=sys.stderr)
         return 1

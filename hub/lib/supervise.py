@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -16,14 +16,18 @@ from typing import IO
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: if the runner is SIGKILLed and cannot clean up,
-    # the kernel still sends SIGTERM to each direct child (Linux only; a no-op elsewhere).
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+def _die_with_parent(signum: int) -> Callable[[], None]:
+    def preexec() -> None:
+        # Runs in the child between fork and exec: if the runner is SIGKILLed and cannot clean
+        # up, the kernel still sends each direct child its own stop signal (SIGINT, Postgres'
+        # fast shutdown, rather than SIGTERM, which waits for clients). Linux only.
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+    return preexec
 
 
 @dataclass
@@ -73,7 +77,7 @@ class Supervisor:
             stdout=log,
             stderr=subprocess.STDOUT if log is not None else None,
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # the runner is single-threaded here
+            preexec_fn=_die_with_parent(stop_signal),  # the runner is single-threaded here
             user=user,
             group=group,
             extra_groups=[] if user is not None else None,

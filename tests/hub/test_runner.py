@@ -104,6 +104,24 @@ def _admin_login(base_url: str, username: str, password: str) -> httpx.Response:
         )
 
 
+def _admin_page(base_url: str, password: str, path: str) -> str | None:
+    """The page's text once it lists something (None while its list is empty)."""
+    with httpx.Client(base_url=base_url, follow_redirects=True, timeout=30) as client:
+        client.get("/admin/login/")
+        client.post(
+            "/admin/login/",
+            data={
+                "username": "admin",
+                "password": password,
+                "csrfmiddlewaretoken": client.cookies["csrftoken"],
+                "next": "/admin/",
+            },
+            headers={"Referer": f"{base_url}/admin/login/"},
+        )
+        text = client.get(path).text
+    return None if "0 hosts" in text or "0 GPUs" in text else text
+
+
 def _started_processes(run: Runner) -> dict[psutil.Process, str]:
     """Every process under the runner, with its command line (short-lived ones may vanish)."""
     started = {}
@@ -131,10 +149,27 @@ def test_runner_serves_the_hub_and_leaves_no_process_behind(state_dir: Path) -> 
         page = _admin_login(run.base_url, "admin", passwords["admin"])
         assert page.status_code == 200
         assert "Site administration" in page.text
+        hosts = wait_for(
+            lambda: _admin_page(
+                run.base_url, passwords["admin"], "/admin/suppliers/host/?status=online"
+            ),
+            timeout_s=60,
+            what="the demo agent's host online",
+        )
+        assert "1 host" in hosts
+        gpus = _admin_page(run.base_url, passwords["admin"], "/admin/suppliers/gpu/")
+        assert "RTX 4090" in gpus
 
         started = _started_processes(run)
         commands = " ".join(started.values())
-        for expected in ("postgres", "redis-server", "daphne", "worker", "beat"):
+        for expected in (
+            "postgres",
+            "redis-server",
+            "hub.serve",
+            "worker",
+            "beat",
+            "supplier_agent",
+        ):
             assert expected in commands, f"{expected} is not running under the runner"
 
         run.process.send_signal(signal.SIGINT)
@@ -157,3 +192,37 @@ def test_second_run_reuses_the_data(state_dir: Path) -> None:
         # The admin account and its password from the first run are still there.
         page = _admin_login(second.base_url, "admin", password)
         assert "Site administration" in page.text
+
+
+def test_exec_passes_sigterm_on_and_stops_its_services(state_dir: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in _SERVICE_VARS}
+    waiter = "import signal; signal.pause()"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hub.runner", "exec", "--state", str(state_dir), "--",
+         sys.executable, "-c", waiter],
+        cwd=REPO_ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+
+        def everything_started() -> dict[psutil.Process, str] | None:
+            found = {}
+            for proc in psutil.Process(process.pid).children(recursive=True):
+                try:
+                    found[proc] = " ".join(proc.cmdline())
+                except psutil.NoSuchProcess:
+                    continue
+            text = " ".join(found.values())
+            return found if waiter in text and "redis-server" in text else None
+
+        started = wait_for(everything_started, timeout_s=120, interval_s=0.2, what="services")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=90) == 128 + signal.SIGTERM
+    finally:
+        if process.poll() is None:
+            process.kill()
+    left = {p.pid: cmdline for p, cmdline in started.items() if _still_running(p)}
+    assert left == {}, f"left running: {left}"
