@@ -199,7 +199,13 @@ class ClaimManager:
         except OSError as exc:
             os.close(fd)
             raise ClaimRefused(f"could not lock GPU {index} ({path}): {exc.strerror}") from None
-        claim = _GpuLock(index, fd)
+        # A lock file left by an earlier process of this same agent (killed, restarted) that
+        # had set EXCLUSIVE_PROCESS: the mode is ours to restore on release, not an admin's.
+        previous = _read_info(path) or {}
+        inherited = previous.get("agent_id") == self.agent_id and bool(
+            previous.get("exclusive_set")
+        )
+        claim = _GpuLock(index, fd, exclusive_set=inherited)
         self._write_info(claim, lease_id)
         return claim
 

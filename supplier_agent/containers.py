@@ -28,6 +28,7 @@ from docker.models.containers import Container
 from docker.types import DeviceRequest, Mount
 
 from supplier_agent import protocol
+from supplier_agent.container_events import ExitCallback, ExitWatcher, close_stream
 from supplier_agent.protocol import DockerRun, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,13 @@ LABEL_LEASE = "cloudgpu.lease"
 LABEL_PORTS = "cloudgpu.ports"
 LABEL_GPUS = "cloudgpu.gpus"
 LABEL_CACHE = "cloudgpu.cache"
+LABEL_NETWORK = "cloudgpu.network"
+# Every lease's container sits on this bridge, which drops traffic between its containers:
+# Docker's default bridge lets one tenant reach another's ports directly.
+NETWORK = "cloudgpu"
+NETWORK_OPTIONS = {"com.docker.network.bridge.enable_icc": "false"}
+# Docker before 25 lets concurrent creates make several networks of one name: one at a time here.
+_network_lock = threading.Lock()
 LOG_TAIL_LINES = 50
 LOG_TAIL_CHARS = 8000  # fits ContainerExited.log_tail and keeps an ack's error readable
 PORT_BIND_TIMEOUT_S = 30.0
@@ -54,7 +62,6 @@ CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 
 P = ParamSpec("P")
 T = TypeVar("T")
-ExitCallback = Callable[[str, int], None]  # (lease_id, exit_code)
 
 
 class ContainerError(RuntimeError):
@@ -124,9 +131,8 @@ class ContainerRuntime:
         self.stop_grace_s = stop_grace_s
         self.pids_limit = pids_limit
         self.shm_size = shm_size
-        # Leases whose containers we stop ourselves: their "die" is not an exit to report.
-        self._removing: collections.deque[str] = collections.deque(maxlen=1024)
-        self._removing_lock = threading.Lock()
+        # Containers we stop ourselves: their "die" is not an exit to report.
+        self._exits = ExitWatcher(client, claim_label=LABEL_CLAIM, lease_label=LABEL_LEASE)
 
     def close(self) -> None:
         if self._owns_client:
@@ -174,10 +180,9 @@ class ContainerRuntime:
             return str(existing.id)
         if not self.image_present(spec.image):
             self.pull(spec.image)
+        options = self._create_options(spec, gpu_indices, agent_id)
         try:
-            container = self.client.containers.create(
-                **self._create_options(spec, gpu_indices, agent_id)
-            )
+            container = self.client.containers.create(**options, network=self._network())
         except APIError as exc:
             # 409: a concurrent create for the same lease won the name; that is our container.
             found = self.find(spec.lease_id) if exc.status_code == 409 else None
@@ -294,46 +299,9 @@ class ContainerRuntime:
     ) -> None:
         """Call ``callback(lease_id, exit_code)`` for each claimed container that dies on its own.
 
-        Blocks until ``stop_event`` is set. ``since`` (Unix time, default now) closes the gap
-        between deciding to watch and subscribing: Docker replays events from its buffer. A
-        dropped stream (dockerd restarting) resumes after the last event seen.
+        Blocks until ``stop_event`` is set; see ``ExitWatcher.watch``.
         """
-        seen_ns = (time.time_ns() if since is None else int(since * 1e9)) - 1
-        open_streams: list[Any] = []
-
-        def close_on_stop() -> None:
-            # Reading the stream blocks; only shutting its socket down wakes the reader.
-            stop_event.wait()
-            for stream in list(open_streams):
-                with contextlib.suppress(OSError, AttributeError):  # raced with the reader
-                    stream.close()
-
-        threading.Thread(target=close_on_stop, name="cloudgpu-events-stop", daemon=True).start()
-        while not stop_event.is_set():
-            try:
-                stream = self.client.events(
-                    since=f"{seen_ns // 10**9}.{seen_ns % 10**9:09d}",
-                    filters={"type": "container", "event": "die", "label": LABEL_CLAIM},
-                    decode=True,
-                )
-            except (DockerException, requests.RequestException) as exc:
-                log.warning("cannot watch Docker events (%s); retrying", exc)
-                stop_event.wait(2)
-                continue
-            open_streams.append(stream)
-            try:
-                # Checked after the append: a stop from now on finds the stream and closes it.
-                for event in () if stop_event.is_set() else stream:
-                    event_ns = int(event.get("timeNano") or 0)
-                    if event_ns > seen_ns and not stop_event.is_set():
-                        seen_ns = event_ns
-                        self._report_exit(event, callback)
-            except (DockerException, requests.RequestException, OSError) as exc:
-                log.warning("Docker events stream broke (%s); reconnecting", exc)
-            finally:
-                open_streams.remove(stream)
-                _close_stream(stream)
-            stop_event.wait(1)  # the engine went away: don't spin while it restarts
+        self._exits.watch(callback, stop_event, since=since)
 
     # --- internals ----------------------------------------------------------------------------
 
@@ -365,7 +333,8 @@ class ContainerRuntime:
         if self.gpu_devices == "nvidia":
             ids = [str(i) for i in gpu_indices]
             devices = [DeviceRequest(driver="nvidia", device_ids=ids, capabilities=[["gpu"]])]
-        # Network, PID and IPC modes stay unset: Docker's defaults are private namespaces.
+        # PID and IPC modes stay unset: Docker's defaults are private namespaces. The network is
+        # the isolated bridge, never the default one or the host's.
         return {
             "image": spec.image,
             "name": f"cloudgpu-{spec.lease_id}",
@@ -403,6 +372,43 @@ class ContainerRuntime:
             raise ContainerError(f"volume {volume_name} is a host bind mount; refusing to mount it")
         return volume_name
 
+    def _network(self) -> str:
+        """The isolating bridge for leases, created on first use (by whichever agent is first)."""
+        with _network_lock:
+            rows = self._networks() or self._create_network()
+        # Two agents racing on one host can still make two: all agents pick the same one.
+        network = min(rows, key=lambda row: str(row["Id"]))
+        options = network.get("Options") or {}
+        if network.get("Driver") != "bridge" or any(
+            options.get(key) != value for key, value in NETWORK_OPTIONS.items()
+        ):
+            raise ContainerError(
+                f"Docker network {NETWORK} exists but lets containers reach each other; "
+                f"remove it (docker network rm {NETWORK}) and the agent recreates it isolated"
+            )
+        return NETWORK if len(rows) == 1 else str(network["Id"])
+
+    def _create_network(self) -> list[dict[str, Any]]:
+        try:
+            self.client.api.create_network(
+                NETWORK,
+                driver="bridge",
+                options=NETWORK_OPTIONS,
+                labels={LABEL_NETWORK: "1"},
+                check_duplicate=True,
+            )
+        except APIError as exc:
+            if exc.status_code != 409:  # 409: another agent created it a moment ago
+                raise
+        rows = self._networks()
+        if not rows:
+            raise ContainerError(f"Docker network {NETWORK} vanished as it was created")
+        return rows
+
+    def _networks(self) -> list[dict[str, Any]]:
+        # Docker's name filter matches substrings.
+        return [n for n in self.client.api.networks(names=[NETWORK]) if n.get("Name") == NETWORK]
+
     def _lease_containers(self, lease_id: str) -> list[Container]:
         found = self.client.containers.list(
             all=True, filters={"label": f"{LABEL_LEASE}={lease_id}"}, ignore_removed=True
@@ -433,7 +439,7 @@ class ContainerRuntime:
         def on_deadline() -> None:
             # The exec stream has no read timeout: killing the container is what ends it.
             timed_out.set()
-            self._mark_removing(lease_id)
+            self._exits.ignore(container_id)
             with contextlib.suppress(DockerException, requests.RequestException):
                 self.client.api.kill(container_id)
 
@@ -450,7 +456,7 @@ class ContainerRuntime:
             lines.append(partial)
         finally:
             timer.cancel()
-            _close_stream(stream)
+            close_stream(stream)
         if timed_out.is_set():
             raise ContainerError(f"warm-up `{shown}` did not finish in time")
         # The stream can end a moment before Docker records the exit code.
@@ -482,7 +488,7 @@ class ContainerRuntime:
         return raw.decode("utf-8", "replace")[-LOG_TAIL_CHARS:]
 
     def _remove_container(self, lease_id: str, container_id: str) -> bool:
-        self._mark_removing(lease_id)
+        self._exits.ignore(container_id)
         try:
             # SIGTERM (or the image's STOPSIGNAL) first, so that a job can checkpoint.
             self.client.api.stop(container_id, timeout=self.stop_grace_s)
@@ -496,32 +502,6 @@ class ContainerRuntime:
             raise
         log.info("removed container %s of lease %s", container_id[:12], lease_id)
         return True
-
-    def _mark_removing(self, lease_id: str) -> None:
-        with self._removing_lock:
-            self._removing.append(lease_id)
-
-    def _report_exit(self, event: dict[str, Any], callback: ExitCallback) -> None:
-        attributes = (event.get("Actor") or {}).get("Attributes") or {}
-        lease_id = attributes.get(LABEL_LEASE)
-        with self._removing_lock:
-            if not lease_id or lease_id in self._removing:
-                return
-        try:
-            exit_code = int(attributes.get("exitCode", -1))
-        except ValueError:
-            exit_code = -1
-        try:
-            callback(lease_id, exit_code)
-        except Exception:
-            log.exception("exit callback failed for lease %s", lease_id)
-
-
-def _close_stream(stream: Any) -> None:
-    with contextlib.suppress(OSError):
-        stream.close()
-    # CancellableStream.close() leaves the response open, and its file object keeps the fd.
-    stream._response.close()
 
 
 def _pull_error(ref: str, detail: str) -> ContainerError:

@@ -14,6 +14,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from hub.accounts.models import User
@@ -60,7 +61,10 @@ def _queue_command(lease: Lease, kind: str, **fields: Any) -> Command:
     command.save()
     from hub.leases.tasks import dispatch_command
 
-    dispatch_command.delay_on_commit(str(command.id))
+    # Celery's delay_on_commit, made robust: with the broker down the row still commits and
+    # the redispatch sweep sends it later, instead of the renter's request failing.
+    command_id = str(command.id)
+    transaction.on_commit(lambda: dispatch_command.delay(command_id), robust=True)
     return command
 
 
@@ -140,8 +144,17 @@ def release_lease(lease_id: Any, reason: str = Lease.EndReason.RENTER_STOP) -> L
             lease.state = State.STOPPING
             lease.end_reason = reason
             lease.save(update_fields=["state", "end_reason"])
+            _withdraw_pending(lease, "superseded by release")
             _queue_command(lease, Command.Kind.RELEASE, reason=reason)
     return lease
+
+
+def _withdraw_pending(lease: Lease, why: str) -> None:
+    """Stop re-sending a lease's unanswered commands: a reserve re-sent after its release
+    would claim the GPU again for a lease that is over."""
+    Command.objects.filter(
+        lease=lease, state__in=[Command.State.QUEUED, Command.State.SENT]
+    ).exclude(kind=Command.Kind.RELEASE).update(state=Command.State.FAILED, error=why)
 
 
 def _free_gpus(lease: Lease) -> None:
@@ -167,6 +180,7 @@ def _fail_and_release(lease: Lease, failure: str) -> None:
     lease.failure_reason = failure
     lease.ended_at = timezone.now()
     lease.save()
+    _withdraw_pending(lease, "superseded by release")
     _queue_command(lease, Command.Kind.RELEASE, reason="error")
 
 
@@ -254,18 +268,23 @@ def reconcile_claims(host: Host, claims: tuple[ClaimState, ...], now: datetime) 
     """On register: which of the agent's claims the hub still wants; end leases the agent lost."""
     reported = {claim.lease_id for claim in claims}
     desired: list[str] = []
-    for lease in (
-        Lease.objects.select_for_update().filter(host=host).exclude(state__in=[State.ENDED])
-    ):
+    # The host is back: the grace clock stops for every lease on it; the ones the agent
+    # really lost are ended below.
+    note_host_back(host.pk)
+    live = Q(state__in=[State.RESERVING, State.STARTING, State.RUNNING, State.STOPPING]) | Q(
+        state=State.FAILED, lease_gpus__active=True
+    )
+    live_ids = Lease.objects.filter(live, host=host).values("pk")
+    for lease in Lease.objects.select_for_update().filter(pk__in=live_ids).order_by("pk"):
         lease_id = str(lease.id)
         if lease_id in reported:
-            if lease.state in (State.STARTING, State.RUNNING, State.RESERVING):
+            if lease.state in (State.RESERVING, State.STARTING, State.RUNNING):
                 desired.append(lease_id)
-                if lease.host_lost_since is not None:
-                    lease.host_lost_since = None
-                    lease.save(update_fields=["host_lost_since"])
             continue
+        if lease.state == State.RESERVING:
+            continue  # its reserve may simply not have arrived yet; it is re-sent
         if lease.state in (State.STARTING, State.RUNNING):
+            _withdraw_pending(lease, "the host no longer runs this lease")
             _finish(
                 lease,
                 State.ENDED,
@@ -273,10 +292,12 @@ def reconcile_claims(host: Host, claims: tuple[ClaimState, ...], now: datetime) 
                 Lease.EndReason.HOST_LOST,
                 "The host restarted and no longer runs this rental.",
             )
-        elif lease.state in (State.STOPPING, State.FAILED) and lease.ended_at is not None:
-            _finish(lease, lease.state if lease.state == State.FAILED else State.ENDED, now)
-        elif lease.state == State.STOPPING:
-            _finish(lease, State.ENDED, now)
+        else:
+            # Stopping or failed, and the agent holds nothing: the release is as good as done.
+            Command.objects.filter(
+                lease=lease, state__in=[Command.State.QUEUED, Command.State.SENT]
+            ).update(state=Command.State.FAILED, error="the host holds nothing to release")
+            _finish(lease, State.FAILED if lease.state == State.FAILED else State.ENDED, now)
     return tuple(desired)
 
 
@@ -286,6 +307,12 @@ def note_host_lost(host_id: int, now: datetime) -> None:
         state__in=[State.RESERVING, State.STARTING, State.RUNNING],
         host_lost_since__isnull=True,
     ).update(host_lost_since=now)
+
+
+def note_host_back(host_id: int) -> None:
+    Lease.objects.filter(host_id=host_id, host_lost_since__isnull=False).update(
+        host_lost_since=None
+    )
 
 
 def end_leases_of_lost_hosts(now: datetime | None = None) -> list[str]:

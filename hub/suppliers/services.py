@@ -196,6 +196,11 @@ def write_heartbeat_stats(host_id: int, message: Heartbeat) -> None:
         host = Host.objects.select_for_update().get(pk=host_id)
         host.last_seen_at = now
         host.offline_after = pg_offline_after(now)
+        if host.status != Host.Status.ONLINE:
+            # Back on the same connection before the grace ran out: its leases go on.
+            from hub.leases.services import note_host_back
+
+            note_host_back(host_id)
         _set_status(host, Host.Status.ONLINE, "heartbeat")
         host.save(update_fields=["last_seen_at", "offline_after", "status"])
         gpus = {g.index: g for g in Gpu.objects.select_for_update().filter(host_id=host_id)}

@@ -9,13 +9,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import docker
 import httpx
 import pytest
-from docker.errors import NotFound
+from docker.errors import APIError, NotFound
 
+from supplier_agent import containers
 from supplier_agent.containers import (
     ClaimedContainer,
     ContainerError,
@@ -136,7 +138,8 @@ def test_container_is_hardened_and_labelled(
     host = inspect["HostConfig"]
     assert inspect["Name"] == f"/cloudgpu-{spec.lease_id}"
     assert host["Privileged"] is False
-    assert host["NetworkMode"] != "host"
+    assert host["NetworkMode"] == "cloudgpu"
+    assert list(inspect["NetworkSettings"]["Networks"]) == ["cloudgpu"]
     assert host["PidMode"] != "host"
     assert host["IpcMode"] != "host"
     assert host["SecurityOpt"] == ["no-new-privileges:true"]
@@ -291,6 +294,133 @@ def test_watch_exits_is_silent_about_containers_the_agent_removes(
         wait_for(lambda: exits.lease_id in reported, timeout_s=30, what="the exit report")
 
     assert removed.lease_id not in reported
+
+
+def test_watch_exits_reports_a_retried_run_after_a_failed_one(
+    runtime: ContainerRuntime, make_spec: SpecFactory, agent_id: str, docker_client: Any
+) -> None:
+    # The agent removes the failed run's container itself; the retry's own exit still counts.
+    failed = make_spec(ports=(), command=("sleep", "600"), warmup=("sh", "-c", "exit 1"))
+    retried = make_spec(
+        lease_id=failed.lease_id,
+        ports=(),
+        command=("sh", "-c", "trap 'exit 3' TERM; sleep 600 & wait"),
+    )
+
+    with _watching(runtime) as reported:
+        with pytest.raises(ContainerError, match="warm-up"):
+            runtime.run(failed, [0], agent_id=agent_id, ready_timeout_s=30)
+        result = runtime.run(retried, [0], agent_id=agent_id, ready_timeout_s=30)
+        docker_client.containers.get(result.container_id).kill(signal="SIGTERM")
+        wait_for(lambda: retried.lease_id in reported, timeout_s=30, what="the exit report")
+
+    assert reported[retried.lease_id] == 3
+
+
+def test_leases_cannot_reach_each_other_but_the_host_reaches_them(
+    runtime: ContainerRuntime, make_spec: SpecFactory, agent_id: str, docker_client: Any
+) -> None:
+    tenant_a, tenant_b = make_spec(), make_spec()
+    a = runtime.run(tenant_a, [0], agent_id=agent_id, ready_timeout_s=30)
+    b = runtime.run(tenant_b, [1], agent_id=agent_id, ready_timeout_s=30)
+
+    def address(container_id: str) -> str:
+        inspect = docker_client.api.inspect_container(container_id)
+        assert inspect["HostConfig"]["NetworkMode"] == "cloudgpu"
+        assert list(inspect["NetworkSettings"]["Networks"]) == ["cloudgpu"]
+        return str(inspect["NetworkSettings"]["Networks"]["cloudgpu"]["IPAddress"])
+
+    def fetch_from_a(ip: str, marker: str) -> int:
+        # busybox-static's wget crashes in a scratch image (glibc NSS); nc is the probe. Exit 0
+        # only if the page with the marker came back within 2 s.
+        probe = f'printf "GET / HTTP/1.0\\r\\n\\r\\n" | nc -w 2 {ip} 8080 | grep -q {marker}'
+        code, _ = docker_client.containers.get(a.container_id).exec_run(["sh", "-c", probe])
+        return int(code)
+
+    network = docker_client.networks.get("cloudgpu").attrs
+    assert network["Driver"] == "bridge"
+    assert network["Options"]["com.docker.network.bridge.enable_icc"] == "false"
+    assert network["Labels"] == {"cloudgpu.network": "1"}
+    # The probe works inside A (on its own address), so a failure below is the network's doing.
+    assert fetch_from_a(address(a.container_id), tenant_a.lease_id) == 0
+    assert fetch_from_a(address(b.container_id), tenant_b.lease_id) != 0
+    page = httpx.get(f"http://127.0.0.1:{b.ports[8080]}/", timeout=5)
+    assert page.text.strip() == tenant_b.lease_id
+
+
+@pytest.fixture
+def private_network(monkeypatch: pytest.MonkeyPatch, docker_client: Any) -> Iterator[str]:
+    """A network name of this test's own, so that it may create and remove it freely."""
+    name = f"cloudgpu-test-{uuid.uuid4().hex[:12]}"
+    monkeypatch.setattr(containers, "NETWORK", name)
+    yield name
+    for network in docker_client.networks.list(names=[name]):
+        network.remove()
+
+
+def _network_ids(docker_client: Any, container_ids: list[str]) -> set[str]:
+    return {
+        network["NetworkID"]
+        for container_id in container_ids
+        for network in docker_client.api.inspect_container(container_id)["NetworkSettings"][
+            "Networks"
+        ].values()
+    }
+
+
+def test_agents_creating_the_network_at_once_share_one(
+    docker_client: Any, make_spec: SpecFactory, agent_id: str, private_network: str
+) -> None:
+    specs = [make_spec() for _ in range(4)]
+    barrier = threading.Barrier(len(specs))
+
+    def create(spec: DockerRun) -> str:
+        # One runtime each, as separate agents would have.
+        runtime = ContainerRuntime(docker_client, gpu_devices="none")
+        barrier.wait()
+        return runtime.create(spec, [0], agent_id=agent_id)
+
+    with ThreadPoolExecutor(len(specs)) as pool:
+        created = list(pool.map(create, specs))
+
+    assert len(_network_ids(docker_client, created)) == 1
+    assert len(docker_client.networks.list(names=[private_network])) == 1
+
+
+def test_containers_share_one_network_when_a_race_made_two(
+    runtime: ContainerRuntime,
+    make_spec: SpecFactory,
+    agent_id: str,
+    docker_client: Any,
+    private_network: str,
+) -> None:
+    # What two agents creating it at once can leave behind on Docker before 25 (on later
+    # versions the second create is refused and there is just one).
+    for _ in range(2):
+        with contextlib.suppress(APIError):
+            docker_client.api.create_network(
+                private_network, driver="bridge", options=containers.NETWORK_OPTIONS
+            )
+
+    created = [runtime.create(make_spec(), [0], agent_id=agent_id) for _ in range(2)]
+
+    assert len(_network_ids(docker_client, created)) == 1
+
+
+def test_a_network_of_that_name_letting_containers_talk_is_refused(
+    runtime: ContainerRuntime,
+    make_spec: SpecFactory,
+    agent_id: str,
+    docker_client: Any,
+    private_network: str,
+) -> None:
+    docker_client.networks.create(private_network, driver="bridge")
+    spec = make_spec()
+
+    with pytest.raises(ContainerError, match=f"docker network rm {private_network}"):
+        runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
+
+    assert _lease_containers(docker_client, spec.lease_id) == []
 
 
 def test_remove_is_idempotent_and_keeps_the_cache_volume(

@@ -1,0 +1,191 @@
+"""Small builders for hub service tests: people, tokens, registered hosts, leases.
+
+They go through the services wherever one exists, so a test starts from rows the hub itself
+would have written.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from hub.accounts.models import User
+from hub.leases import services as lease_services
+from hub.leases.models import Command, Lease
+from hub.suppliers import liveness
+from hub.suppliers import services as supplier_services
+from hub.suppliers.models import AgentToken, Host
+from supplier_agent.protocol import Ack, ClaimState, GpuProcess, GpuState, Heartbeat, Register
+
+_serial = itertools.count(1)
+
+GIB = 1 << 30
+TEST_IMAGE = "cloudgpu-test/busybox:latest"
+
+
+def make_user(prefix: str = "user", **fields: Any) -> User:
+    # No service creates ordinary accounts yet; Django's manager is the documented way.
+    return User.objects.create_user(
+        username=f"{prefix}-{next(_serial)}-{uuid.uuid4().hex[:6]}", password=None, **fields
+    )
+
+
+def make_token(owner: User | None = None, name: str = "test") -> tuple[AgentToken, str]:
+    return supplier_services.create_agent_token(owner or make_user("supplier"), name)
+
+
+def gpu_state(
+    index: int,
+    *,
+    utilization_pct: int = 0,
+    memory_used_bytes: int = 0,
+    memory_total_bytes: int = 24 * GIB,
+    pids: Iterable[int] = (),
+    gpu_uuid: str | None = None,
+) -> GpuState:
+    return GpuState(
+        index=index,
+        uuid=gpu_uuid or f"GPU-{uuid.uuid4()}",
+        name="NVIDIA GeForce RTX 4090",
+        memory_total_bytes=memory_total_bytes,
+        memory_used_bytes=memory_used_bytes,
+        utilization_pct=utilization_pct,
+        processes=tuple(GpuProcess(pid=pid, name="python", memory_bytes=GIB) for pid in pids),
+    )
+
+
+def claim_of(lease: Lease, gpu_indices: Iterable[int] = (0,)) -> ClaimState:
+    return ClaimState(lease_id=str(lease.id), gpu_indices=tuple(gpu_indices), epoch=lease.epoch)
+
+
+def register_message(
+    agent_id: str | None = None,
+    *,
+    gpus: Iterable[int | GpuState] = (0,),
+    claims: Iterable[ClaimState] = (),
+    hostname: str = "rig-1",
+) -> Register:
+    return Register(
+        agent_id=agent_id or str(uuid.uuid4()),
+        hostname=hostname,
+        os="Debian GNU/Linux 13",
+        arch="x86_64",
+        cpu_model="AMD EPYC 7543",
+        cpu_count=32,
+        ram_bytes=128 * GIB,
+        agent_version="1.0.0",
+        runtime="docker",
+        gpus=tuple(g if isinstance(g, GpuState) else gpu_state(g) for g in gpus),
+        claims=tuple(claims),
+    )
+
+
+def register_host(
+    token: AgentToken | None = None,
+    *,
+    agent_id: str | None = None,
+    gpus: Iterable[int | GpuState] = (0,),
+    claims: Iterable[ClaimState] = (),
+    channel_name: str = "",
+) -> Host:
+    token = token or make_token()[0]
+    message = register_message(agent_id, gpus=gpus, claims=claims)
+    registered = supplier_services.register_host(token.pk, message, channel_name)
+    return Host.objects.get(pk=registered.host_id)
+
+
+@contextmanager
+def private_liveness_set() -> Iterator[str]:
+    """Point hub.suppliers.liveness at a sorted set of this test's own in the real Redis.
+
+    The real set is shared by every hub on that Redis, and test databases number hosts from
+    1 again: a test's host 2 would read (and the sweep would forget) a live hub's host 2.
+    """
+    original = liveness.LIVENESS_KEY
+    key = f"{original}:test-{uuid.uuid4().hex}"
+    liveness.LIVENESS_KEY = key
+    try:
+        yield key
+    finally:
+        liveness.LIVENESS_KEY = original
+        liveness.sync_client().delete(key)
+
+
+def set_liveness_deadline(host_id: int, deadline: datetime) -> None:
+    # liveness.touch is the agent socket's async writer; this is the same ZADD, synchronously.
+    liveness.sync_client().zadd(liveness.LIVENESS_KEY, {str(host_id): deadline.timestamp()})
+
+
+def take_offline(host: Host) -> None:
+    """The offline sweep, with the host's Redis deadline just past; the sweep forgets it."""
+    now = timezone.now()
+    try:
+        set_liveness_deadline(host.pk, now - timedelta(seconds=1))
+        assert host.pk in supplier_services.mark_overdue_hosts_offline(now=now)
+    finally:
+        liveness.forget(host.pk)
+    host.refresh_from_db()
+
+
+def heartbeat(
+    gpus: Iterable[int | GpuState] = (0,), claims: Iterable[ClaimState] = ()
+) -> Heartbeat:
+    return Heartbeat(
+        gpus=tuple(g if isinstance(g, GpuState) else gpu_state(g) for g in gpus),
+        claims=tuple(claims),
+    )
+
+
+def lease_spec(**overrides: Any) -> lease_services.LeaseSpec:
+    fields: dict[str, Any] = {
+        "image": TEST_IMAGE,
+        "ports": [8080],
+        "env": {"GREETING": "hello"},
+        "command": ["httpd", "-f", "-p", "8080"],
+    }
+    fields.update(overrides)
+    return lease_services.LeaseSpec(**fields)
+
+
+def start_lease(
+    host: Host, gpu_indices: list[int] | None = None, renter: User | None = None, **spec: Any
+) -> Lease:
+    return lease_services.start_lease(
+        renter or make_user("renter"), host, gpu_indices or [0], lease_spec(**spec)
+    )
+
+
+def command_of(lease: Lease, kind: str) -> Command:
+    """The lease's newest command of one kind."""
+    return Command.objects.filter(lease=lease, kind=kind).latest("created_at")
+
+
+def ack(
+    command: Command,
+    ok: bool = True,
+    result: dict[str, Any] | None = None,
+    error: str | None = None,
+) -> bool:
+    return lease_services.record_ack(
+        command.host_id,
+        Ack(command_id=str(command.id), ok=ok, result=result or {}, error=error),
+    )
+
+
+def run_lease(host: Host, gpu_indices: list[int] | None = None, **spec: Any) -> Lease:
+    """A lease taken through reserve and docker_run to running, as an agent would answer."""
+    lease = start_lease(host, gpu_indices, **spec)
+    assert ack(command_of(lease, Command.Kind.RESERVE), result={"gpu_indices": [0]})
+    assert ack(
+        command_of(lease, Command.Kind.DOCKER_RUN),
+        result={"container_id": "c0ffee", "ports": {"8080": 41000}},
+    )
+    lease.refresh_from_db()
+    assert lease.state == Lease.State.RUNNING
+    return lease

@@ -1,0 +1,101 @@
+"""A whole hub in real processes for end-to-end tests: Daphne (one or more), a Celery worker
+and Celery beat, on the test database and a Redis of the test's choosing, with the
+control-plane timings shortened so that tests finish in seconds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+from django.db import connection
+
+from hub.lib.ports import free_port, wait_for_port
+from tests.support.processes import REPO_ROOT, hub_env, python_module, running
+
+FAST_TIMINGS = {
+    "AGENT_HEARTBEAT_INTERVAL_S": "1",
+    "HOST_OFFLINE_AFTER_S": "3",
+    "HOST_STATS_WRITE_INTERVAL_S": "5",
+    "SWEEP_INTERVAL_S": "1",
+    "COMMAND_RESEND_S": "2",
+    "LEASE_HOST_GRACE_S": "600",
+}
+
+
+def test_database_url() -> str:
+    """The database pytest-django made, for the hub's own processes to share."""
+    s = connection.settings_dict
+    auth = quote(s["USER"] or "")
+    if s["PASSWORD"]:
+        auth += ":" + quote(s["PASSWORD"])
+    host = s["HOST"] or "127.0.0.1"
+    port = s["PORT"] or "5432"
+    return f"postgres://{auth}@{host}:{port}/{s['NAME']}"
+
+
+@dataclass
+class HubStack:
+    web_ports: list[int]
+    env: dict[str, str]
+    logs: list[Path] = field(default_factory=list)
+
+    def manage(self, *args: str) -> str:
+        """Run `manage.py ARGS` against this hub (its database and Redis); its stdout."""
+        result = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=REPO_ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    def url(self, n: int = 0) -> str:
+        return f"http://127.0.0.1:{self.web_ports[n]}"
+
+    def log_text(self) -> str:
+        return "".join(p.read_text(errors="replace") for p in self.logs if p.exists())
+
+
+@contextmanager
+def hub_stack(
+    log_dir: Path, *, webs: int = 1, redis_url: str | None = None, **settings: str
+) -> Iterator[HubStack]:
+    overrides = {"DATABASE_URL": test_database_url(), "DEBUG": "1", **FAST_TIMINGS, **settings}
+    if redis_url:
+        overrides["REDIS_URL"] = redis_url
+    env = hub_env(**overrides)
+    stack = HubStack(web_ports=[free_port() for _ in range(webs)], env=env)
+    with ExitStack() as processes:
+        for n, port in enumerate(stack.web_ports):
+            log = log_dir / f"web-{n}.log"
+            stack.logs.append(log)
+            processes.enter_context(
+                running(
+                    python_module(
+                        "hub.serve", "-b", "127.0.0.1", "-p", str(port), "hub.asgi:application"
+                    ),
+                    env=env,
+                    log=log,
+                )
+            )
+        for name, argv in (
+            ("worker", ["worker", "-P", "solo", "-c", "1", "--without-gossip", "--without-mingle"]),
+            ("beat", ["beat", "-s", str(log_dir / "celerybeat-schedule")]),
+        ):
+            log = log_dir / f"{name}.log"
+            stack.logs.append(log)
+            processes.enter_context(
+                running(python_module("celery", "-A", "hub", *argv, "-l", "INFO"), env=env, log=log)
+            )
+        for port in stack.web_ports:
+            assert wait_for_port(port, timeout_s=60), f"Daphne on {port} did not listen"
+        yield stack
