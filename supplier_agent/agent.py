@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import threading
@@ -25,6 +26,7 @@ from supplier_agent.hostinfo import read_host_info
 from supplier_agent.protocol import (
     HUB_TO_AGENT,
     MAX_FRAME_BYTES,
+    MAX_PIDS,
     Ack,
     ClaimState,
     Command,
@@ -271,7 +273,15 @@ class Agent:
         while True:
             await asyncio.sleep(self.heartbeat_interval_s)
             gpus = await self.runtime.gpus()
-            await ws.send(encode(Heartbeat(gpus=tuple(gpus), claims=claim_states(self.state))))
+            claims = claim_states(self.state)
+            if any(gpu.processes for gpu in gpus) and claims:
+                # Only worth a `docker top` when NVML shows compute processes at all.
+                pids = await self.runtime.container_pids([c.lease_id for c in claims])
+                claims = tuple(
+                    dataclasses.replace(c, pids=tuple(pids.get(c.lease_id, ())[:MAX_PIDS]))
+                    for c in claims
+                )
+            await ws.send(encode(Heartbeat(gpus=tuple(gpus), claims=claims)))
 
     async def _outbox_loop(self, ws: ClientConnection) -> None:
         while True:

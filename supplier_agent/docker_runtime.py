@@ -152,6 +152,12 @@ class DockerRuntime:
 
         self.containers.watch_exits(on_exit, stop)
 
+    async def container_pids(self, lease_ids: Iterable[str]) -> dict[str, list[int]]:
+        def collect() -> dict[str, list[int]]:
+            return {lease: sorted(self._container_pids(lease)) for lease in lease_ids}
+
+        return await asyncio.to_thread(collect)
+
     async def prepull(self, images: Iterable[str]) -> None:
         for image in images:
             try:

@@ -69,5 +69,8 @@ class MockRuntime:
     async def prepull(self, images: Iterable[str]) -> None:
         return None
 
+    async def container_pids(self, lease_ids: Iterable[str]) -> dict[str, list[int]]:
+        return {}
+
     async def close(self) -> None:
         return None

@@ -22,6 +22,7 @@ MAX_GPUS_PER_LEASE = 64
 MAX_PORTS = 16
 MAX_ENV_VARS = 128
 MAX_STR = 4096
+MAX_PIDS = 1024
 
 # Renter env may not steer the GPU runtime or inject code into every process of the image.
 FORBIDDEN_ENV_PREFIXES = ("NVIDIA_", "CUDA_VISIBLE_DEVICES")
@@ -274,11 +275,15 @@ class ClaimState:
     epoch: int
     container_id: str | None = None
     ports: dict[str, int] = field(default_factory=dict)
+    # Host pids of the lease's container (heartbeats): any other compute process on its GPUs
+    # is foreign, e.g. another platform ignoring the lock.
+    pids: tuple[int, ...] = ()
 
     @classmethod
     def parse(cls, data: Any, where: str) -> ClaimState:
         _expect(data, dict, where)
-        _known(data, {"lease_id", "gpu_indices", "epoch", "container_id", "ports"}, where)
+        _known(data, {"lease_id", "gpu_indices", "epoch", "container_id", "ports", "pids"}, where)
+        pids = _list(data.get("pids", []), f"{where}.pids", max_items=MAX_PIDS)
         indices = _list(
             data.get("gpu_indices"), f"{where}.gpu_indices", max_items=MAX_GPUS_PER_LEASE
         )
@@ -300,6 +305,7 @@ class ClaimState:
                 _port_key(k, f"{where}.ports"): validate_port(v, f"{where}.ports[{k}]")
                 for k, v in ports.items()
             },
+            pids=tuple(_int(p, f"{where}.pids[{n}]", lo=0) for n, p in enumerate(pids)),
         )
 
 

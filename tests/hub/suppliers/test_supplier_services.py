@@ -302,14 +302,14 @@ def test_identical_telemetry_has_an_identical_signature() -> None:
 
 
 def test_a_utilisation_change_within_one_step_keeps_the_signature() -> None:
-    low = f.heartbeat([f.gpu_state(0, utilization_pct=40, gpu_uuid="GPU-a")])
-    high = f.heartbeat([f.gpu_state(0, utilization_pct=44, gpu_uuid="GPU-a")])
+    low = f.heartbeat([f.gpu_state(0, utilization_pct=26, gpu_uuid="GPU-a")])
+    high = f.heartbeat([f.gpu_state(0, utilization_pct=49, gpu_uuid="GPU-a")])
     assert services.telemetry_signature(low) == services.telemetry_signature(high)
 
 
 def test_a_utilisation_step_changes_the_signature() -> None:
     low = f.heartbeat([f.gpu_state(0, utilization_pct=40, gpu_uuid="GPU-a")])
-    high = f.heartbeat([f.gpu_state(0, utilization_pct=45, gpu_uuid="GPU-a")])
+    high = f.heartbeat([f.gpu_state(0, utilization_pct=50, gpu_uuid="GPU-a")])
     assert services.telemetry_signature(low) != services.telemetry_signature(high)
 
 
@@ -321,7 +321,7 @@ def test_a_new_compute_process_changes_the_signature() -> None:
 
 def test_a_memory_step_changes_the_signature() -> None:
     before = f.heartbeat([f.gpu_state(0, memory_used_bytes=0, gpu_uuid="GPU-a")])
-    after = f.heartbeat([f.gpu_state(0, memory_used_bytes=1 << 28, gpu_uuid="GPU-a")])
+    after = f.heartbeat([f.gpu_state(0, memory_used_bytes=1 << 32, gpu_uuid="GPU-a")])
     assert services.telemetry_signature(before) != services.telemetry_signature(after)
 
 
