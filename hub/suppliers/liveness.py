@@ -8,20 +8,13 @@ Redis restart only makes offline detection late, never wrong.
 
 from __future__ import annotations
 
-import asyncio
-import weakref
-
 import redis
-import redis.asyncio as aioredis
+from channels.layers import get_channel_layer
 from django.conf import settings
 
 LIVENESS_KEY = "cloudgpu:host-liveness"
 
 _sync_client: redis.Redis | None = None
-# One async client per event loop: a client is bound to the loop it was created on.
-_async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aioredis.Redis] = (
-    weakref.WeakKeyDictionary()
-)
 
 
 def sync_client() -> redis.Redis:
@@ -31,17 +24,11 @@ def sync_client() -> redis.Redis:
     return _sync_client
 
 
-def async_client() -> aioredis.Redis:
-    loop = asyncio.get_running_loop()
-    client = _async_clients.get(loop)
-    if client is None:
-        client = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
-        _async_clients[loop] = client
-    return client
-
-
 async def touch(host_id: int, deadline: float) -> None:
-    await async_client().zadd(LIVENESS_KEY, {str(host_id): deadline})
+    # The channel layer's own per-event-loop connection pool on the same Redis: no second
+    # pool per web process, and it is closed with its loop.
+    connection = get_channel_layer().connection(0)
+    await connection.zadd(LIVENESS_KEY, {str(host_id): deadline})
 
 
 def deadline_of(host_id: int) -> float | None:

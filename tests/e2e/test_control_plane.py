@@ -316,3 +316,34 @@ def test_a_command_queued_while_redis_restarts_is_still_delivered_once(
     finally:
         if first_redis is not None:
             first_redis.__exit__(None, None, None)
+
+
+@pytest.mark.docker
+def test_a_container_that_exits_on_its_own_ends_its_lease_with_the_exit_code(
+    people: tuple[User, User], tmp_path: Path, docker_client: object, busybox_image: str
+) -> None:
+    supplier, renter = people
+    table = FakeGpuTable.create(tmp_path / "gpus.json", gpu_count=1)
+    env = agent_env(**fake_nvml_env(table.path))
+    with hub_stack(tmp_path) as stack:
+        state = _docker_agent(stack, _token(stack, supplier), table, tmp_path)
+        with running_agent(state, tmp_path / "agent.log", env=env):
+            host = wait_for(lambda: _online_host(supplier), timeout_s=60, what="host online")
+            job = "echo training; trap 'echo diverged; exit 3' TERM; sleep 600 & wait"
+            lease_id = _start_lease(
+                stack, renter, host, "--image", busybox_image, "--command", "sh", "-c", job
+            )
+            try:
+                wait_for(lambda: _lease_state(lease_id, "running"), timeout_s=120, what="running")
+                _containers(docker_client, lease_id)[0].kill(signal="SIGTERM")  # type: ignore[attr-defined]
+                lease = wait_for(
+                    lambda: _lease_state(lease_id, "ended"), timeout_s=60, what="ended"
+                )
+                assert lease.end_reason == "exited"
+                assert lease.exit_code == 3
+                assert "diverged" in lease.log_tail
+                assert _containers(docker_client, lease_id) == []
+                assert not lease.lease_gpus.filter(active=True).exists()
+            finally:
+                for container in _containers(docker_client, lease_id):
+                    container.remove(force=True)  # type: ignore[attr-defined]
