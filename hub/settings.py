@@ -43,6 +43,8 @@ try:
             "elsewhere set REDIS_URL=redis://host:6379/0"
         )
     DATABASES = {"default": database_from_url(_database_url)}
+    # 0 closes connections after each request or socket message; a deployment with many agent
+    # sockets sets it (e.g. 60) to keep one connection per worker thread.
     DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 0)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 except EnvError as exc:
@@ -194,13 +196,19 @@ CELERY_BEAT_SCHEDULE = {
     "mark-overdue-hosts-offline": {
         "task": "suppliers.mark_overdue_hosts_offline",
         "schedule": float(SWEEP_INTERVAL_S),
+        # A sweep not started by the next tick is pointless: the next one does its work.
+        "options": {"expires": float(SWEEP_INTERVAL_S)},
     },
     "redispatch-commands": {
         "task": "leases.redispatch_commands",
         "schedule": float(SWEEP_INTERVAL_S),
+        # A sweep not started by the next tick is pointless: the next one does its work.
+        "options": {"expires": float(SWEEP_INTERVAL_S)},
     },
     "end-leases-of-lost-hosts": {
         "task": "leases.end_leases_of_lost_hosts",
         "schedule": float(SWEEP_INTERVAL_S),
+        # A sweep not started by the next tick is pointless: the next one does its work.
+        "options": {"expires": float(SWEEP_INTERVAL_S)},
     },
 }

@@ -136,6 +136,9 @@ class Agent:
         self.heartbeat_interval_s = 15.0
         self.connected = asyncio.Event()
         self._outbox: asyncio.Queue[Message] = asyncio.Queue()
+        # Exits the hub has not acted on yet (no release came): re-sent with each heartbeat,
+        # so a report lost in a reconnect or a hub hiccup does not leave a lease billed forever.
+        self._pending_exits: dict[str, ContainerExited] = {}
         self._lease_locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -152,7 +155,7 @@ class Agent:
 
         def report_exit(lease_id: str, exit_code: int, log_tail: str) -> None:
             message = ContainerExited(lease_id=lease_id, exit_code=exit_code, log_tail=log_tail)
-            loop.call_soon_threadsafe(self._outbox.put_nowait, message)
+            loop.call_soon_threadsafe(self._note_exit, message)
 
         watcher = loop.run_in_executor(None, self.runtime.watch_exits, report_exit, watcher_stop)
         deadman = asyncio.create_task(self._deadman_loop(stop))
@@ -282,6 +285,11 @@ class Agent:
                     for c in claims
                 )
             await ws.send(encode(Heartbeat(gpus=tuple(gpus), claims=claims)))
+            for lease_id, exited in list(self._pending_exits.items()):
+                if lease_id in self.state.claims:
+                    await ws.send(encode(exited))
+                else:
+                    del self._pending_exits[lease_id]
 
     async def _outbox_loop(self, ws: ClientConnection) -> None:
         while True:
@@ -309,6 +317,10 @@ class Agent:
                         claim.paid_until,
                     )
                     await self._release_locally(claim.lease_id)
+
+    def _note_exit(self, message: ContainerExited) -> None:
+        self._pending_exits[message.lease_id] = message
+        self._outbox.put_nowait(message)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -400,6 +412,7 @@ class Agent:
             self._check_epoch(claim.gpu_indices, command.epoch)
         warnings = await self.runtime.release(command.lease_id, claim)
         self.state.drop_claim(command.lease_id)
+        self._pending_exits.pop(command.lease_id, None)
         return {"warnings": warnings}
 
     async def _release_locally(self, lease_id: str) -> None:

@@ -73,6 +73,14 @@ class Lease(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        indexes = [
+            # The host-lost sweep looks only at leases waiting out a grace period.
+            models.Index(
+                fields=["host_lost_since"],
+                condition=models.Q(host_lost_since__isnull=False),
+                name="lease_host_lost_idx",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"lease {self.id} ({self.state})"

@@ -46,9 +46,17 @@ class LeaseSpec:
 # --- commands (outbox) --------------------------------------------------------------------------
 
 
-def _queue_command(lease: Lease, kind: str, **fields: Any) -> Command:
+RELEASE_RETRY_S = 60
+
+
+def _queue_command(lease: Lease, kind: str, *, delay_s: int = 0, **fields: Any) -> Command:
     now = timezone.now()
-    command = Command(lease=lease, host_id=lease.host_id, kind=kind, next_attempt_at=now)
+    command = Command(
+        lease=lease,
+        host_id=lease.host_id,
+        kind=kind,
+        next_attempt_at=now + timedelta(seconds=delay_s),
+    )
     command.deadline = now + timedelta(seconds=settings.COMMAND_DEADLINES_S[kind])
     command.payload = {
         "type": kind,
@@ -64,7 +72,8 @@ def _queue_command(lease: Lease, kind: str, **fields: Any) -> Command:
     # Celery's delay_on_commit, made robust: with the broker down the row still commits and
     # the redispatch sweep sends it later, instead of the renter's request failing.
     command_id = str(command.id)
-    transaction.on_commit(lambda: dispatch_command.delay(command_id), robust=True)
+    if not delay_s:
+        transaction.on_commit(lambda: dispatch_command.delay(command_id), robust=True)
     return command
 
 
@@ -94,13 +103,13 @@ def start_lease(renter: User, host: Host, gpu_indices: list[int], spec: LeaseSpe
         raise LeaseError("choose between 1 and 64 distinct GPUs")
     try:
         with transaction.atomic():
-            host = Host.objects.select_for_update().get(pk=host.pk)
+            host = Host.objects.select_for_update(no_key=True).get(pk=host.pk)
             if host.status != Host.Status.ONLINE:
                 raise LeaseError("this host is offline")
             if host.maintenance:
                 raise LeaseError("this host is in maintenance and takes no new rentals")
             gpus = list(
-                Gpu.objects.select_for_update()
+                Gpu.objects.select_for_update(no_key=True)
                 .filter(host=host, index__in=gpu_indices)
                 .order_by("pk")
             )
@@ -139,7 +148,7 @@ def start_lease(renter: User, host: Host, gpu_indices: list[int], spec: LeaseSpe
 def release_lease(lease_id: Any, reason: str = Lease.EndReason.RENTER_STOP) -> Lease:
     """Stop a lease (renter, admin, expiry, no funds). Idempotent."""
     with transaction.atomic():
-        lease = Lease.objects.select_for_update().get(pk=lease_id)
+        lease = Lease.objects.select_for_update(no_key=True).get(pk=lease_id)
         if lease.state in (State.PENDING, State.RESERVING, State.STARTING, State.RUNNING):
             lease.state = State.STOPPING
             lease.end_reason = reason
@@ -201,11 +210,18 @@ def renter_reason(error: str | None) -> str:
 def record_ack(host_id: int, ack: Ack) -> bool:
     """Apply an agent's answer once; a repeated ack changes nothing. Returns True if applied."""
     now = timezone.now()
+    lease_id = (
+        Command.objects.filter(pk=ack.command_id, host_id=host_id)
+        .values_list("lease_id", flat=True)
+        .first()
+    )
+    if lease_id is None:
+        return False  # unknown, or another host's command
     with transaction.atomic():
-        command = (
-            Command.objects.select_for_update().filter(pk=ack.command_id, host_id=host_id).first()
-        )
-        if command is None or command.state in (Command.State.ACKED, Command.State.FAILED):
+        # Lease before command, the order every other transition locks them in.
+        lease = Lease.objects.select_for_update(no_key=True).get(pk=lease_id)
+        command = Command.objects.select_for_update(no_key=True).get(pk=ack.command_id)
+        if command.state in (Command.State.ACKED, Command.State.FAILED):
             return False
         command.state = Command.State.ACKED
         command.ok = ack.ok
@@ -213,7 +229,6 @@ def record_ack(host_id: int, ack: Ack) -> bool:
         command.error = ack.error or ""
         command.acked_at = now
         command.save()
-        lease = Lease.objects.select_for_update().get(pk=command.lease_id)
         _advance(lease, command, ack, now)
     return True
 
@@ -242,6 +257,17 @@ def _advance(lease: Lease, command: Command, ack: Ack, now: datetime) -> None:
         lease.running_since = now
         lease.save(update_fields=["container_id", "host_ports", "state", "running_since"])
     elif kind == Command.Kind.RELEASE:
+        if not ack.ok and lease.lease_gpus.filter(active=True).exists():
+            # The agent still holds the claim (its container would not go): try again in a
+            # while; the GPUs stay granted until a release succeeds.
+            log.warning("release of lease %s failed on the host: %s", lease.pk, ack.error)
+            _queue_command(
+                lease,
+                Command.Kind.RELEASE,
+                delay_s=RELEASE_RETRY_S,
+                reason=lease.end_reason or "error",
+            )
+            return
         final = State.FAILED if lease.state == State.FAILED else State.ENDED
         _finish(lease, final, now)
 
@@ -250,7 +276,9 @@ def record_container_exit(host_id: int, message: ContainerExited) -> None:
     """The lease's container stopped by itself: end the lease (and its billing)."""
     with transaction.atomic():
         lease = (
-            Lease.objects.select_for_update().filter(pk=message.lease_id, host_id=host_id).first()
+            Lease.objects.select_for_update(no_key=True)
+            .filter(pk=message.lease_id, host_id=host_id)
+            .first()
         )
         if lease is None:
             return
@@ -275,14 +303,19 @@ def reconcile_claims(host: Host, claims: tuple[ClaimState, ...], now: datetime) 
         state=State.FAILED, lease_gpus__active=True
     )
     live_ids = Lease.objects.filter(live, host=host).values("pk")
-    for lease in Lease.objects.select_for_update().filter(pk__in=live_ids).order_by("pk"):
+    for lease in (
+        Lease.objects.select_for_update(no_key=True).filter(pk__in=live_ids).order_by("pk")
+    ):
         lease_id = str(lease.id)
         if lease_id in reported:
             if lease.state in (State.RESERVING, State.STARTING, State.RUNNING):
                 desired.append(lease_id)
             continue
         if lease.state == State.RESERVING:
-            continue  # its reserve may simply not have arrived yet; it is re-sent
+            # Its reserve may not have arrived yet, or may be executing right now on the agent
+            # (a command from before the reconnect): keep wanting it.
+            desired.append(lease_id)
+            continue
         if lease.state in (State.STARTING, State.RUNNING):
             _withdraw_pending(lease, "the host no longer runs this lease")
             _finish(
@@ -324,16 +357,18 @@ def end_leases_of_lost_hosts(now: datetime | None = None) -> list[str]:
         host_lost_since__lt=cutoff, state__in=[State.RESERVING, State.STARTING, State.RUNNING]
     ).values_list("pk", flat=True)[:500]:
         with transaction.atomic():
-            lease = Lease.objects.select_for_update().get(pk=lease_id)
+            lease = Lease.objects.select_for_update(no_key=True).get(pk=lease_id)
             if lease.host_lost_since is None or lease.host_lost_since >= cutoff:
                 continue
             if lease.state not in (State.RESERVING, State.STARTING, State.RUNNING):
                 continue
             _finish(lease, State.ENDED, now, Lease.EndReason.HOST_LOST, "The host went away.")
-            # If the agent comes back it still holds the claim; register tells it to let go.
             Command.objects.filter(
                 lease=lease, state__in=[Command.State.QUEUED, Command.State.SENT]
             ).update(state=Command.State.FAILED, error="host lost")
+            # If the agent is still (or again) connected, it lets go now; if it returns later,
+            # register tells it the hub no longer wants the claim.
+            _queue_command(lease, Command.Kind.RELEASE, reason=Lease.EndReason.HOST_LOST)
             ended.append(str(lease_id))
     return ended
 
@@ -343,16 +378,21 @@ def end_leases_of_lost_hosts(now: datetime | None = None) -> list[str]:
 
 def expire_command(command_id: Any) -> None:
     """A command's deadline passed without an ack: give up on it and on what it was for."""
-    now = timezone.now()
+    lease_id = Command.objects.filter(pk=command_id).values_list("lease_id", flat=True).first()
+    if lease_id is None:
+        return
     with transaction.atomic():
-        command = Command.objects.select_for_update().filter(pk=command_id).first()
-        if command is None or command.state not in (Command.State.QUEUED, Command.State.SENT):
+        lease = Lease.objects.select_for_update(no_key=True).get(pk=lease_id)
+        command = Command.objects.select_for_update(no_key=True).get(pk=command_id)
+        if command.state not in (Command.State.QUEUED, Command.State.SENT):
             return
         command.state = Command.State.FAILED
         command.error = "no answer from the host before the deadline"
         command.save(update_fields=["state", "error"])
-        lease = Lease.objects.select_for_update().get(pk=command.lease_id)
         if command.kind == Command.Kind.RELEASE:
-            _finish(lease, State.FAILED if lease.state == State.FAILED else State.ENDED, now)
+            if lease.lease_gpus.filter(active=True).exists():
+                # The agent may still hold the GPUs: ask again rather than hand them on. An
+                # offline host's leases are settled by the host-lost path instead.
+                _queue_command(lease, Command.Kind.RELEASE, reason=lease.end_reason or "error")
         elif lease.state in (State.RESERVING, State.STARTING):
             _fail_and_release(lease, "The host did not answer in time.")

@@ -27,9 +27,15 @@ def dispatch_command(command_id: str) -> str:
     now = timezone.now()
     with transaction.atomic():
         command = (
-            Command.objects.select_for_update(skip_locked=True)
+            # of=self: lock the command only, not its host row (heartbeats write that one).
+            Command.objects.select_for_update(skip_locked=True, no_key=True, of=("self",))
             .select_related("host")
-            .filter(pk=command_id, state__in=[Command.State.QUEUED, Command.State.SENT])
+            .filter(
+                pk=command_id,
+                state__in=[Command.State.QUEUED, Command.State.SENT],
+                # Already sent by a racing sweep or on-commit task: its re-send is not due.
+                next_attempt_at__lte=now,
+            )
             .first()
         )
         if command is None:

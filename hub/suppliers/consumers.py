@@ -31,6 +31,21 @@ from supplier_agent.protocol import (
 
 log = logging.getLogger(__name__)
 
+
+def _db(function: Any) -> Any:
+    # Thread-sensitive (Channels' default): every socket of a web process shares one thread
+    # for its queries. Simple and safe with Django's connection handling; at 10,000 agents a
+    # process this is the first thing to measure (see the benchmarks issue), since a slow
+    # query stalls every socket of that process.
+    return database_sync_to_async(function)
+
+
+# A well-behaved agent sends a heartbeat every 15 s plus an ack per command.
+MAX_FRAMES_PER_WINDOW = 300
+FRAME_WINDOW_S = 10.0
+CLOSE_TOO_MANY_FRAMES = 4429
+CLOSE_SUPERSEDED = 4409
+
 # Close codes: a refused token closes before accept (HTTP 403 at the handshake); revocation
 # of a live connection closes with 4403.
 CLOSE_TOKEN_REVOKED = 4403
@@ -51,7 +66,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     host_id: int | None = None
 
     async def connect(self) -> None:
-        token = await database_sync_to_async(services.authenticate_agent_token)(_bearer(self.scope))
+        token = await _db(services.authenticate_agent_token)(_bearer(self.scope))
         if token is None:
             await self.close()  # before accept: Daphne answers the handshake with 403
             return
@@ -59,6 +74,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self._stats_signature: tuple[object, ...] | None = None
         self._stats_written_at = 0.0
         self._flagged: set[str] = set()  # leases already flagged for foreign processes
+        self._window_started = time.monotonic()
+        self._frames_in_window = 0
         await self.channel_layer.group_add(services.token_group(token.pk), self.channel_name)
         await self.accept()
 
@@ -68,9 +85,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 services.token_group(self.token_id), self.channel_name
             )
         if self.host_id is not None:
-            await database_sync_to_async(services.detach_channel)(self.host_id, self.channel_name)
+            await _db(services.detach_channel)(self.host_id, self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self._flooding():
+            log.warning("agent on host %s sends too many frames; closing", self.host_id)
+            await self.close(code=CLOSE_TOO_MANY_FRAMES)
+            return
         try:
             message = parse_message(
                 text_data if text_data is not None else (bytes_data or b""), allowed=AGENT_TO_HUB
@@ -88,6 +109,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
             log.exception("agent message %s failed", message.TYPE)
             await self._reply(Error(reason=f"the hub could not process {message.TYPE}"))
 
+    def _flooding(self) -> bool:
+        now = time.monotonic()
+        if now - self._window_started > FRAME_WINDOW_S:
+            self._window_started, self._frames_in_window = now, 0
+        self._frames_in_window += 1
+        return self._frames_in_window > MAX_FRAMES_PER_WINDOW
+
     async def _handle(self, message: Message) -> None:
         if isinstance(message, Register):
             await self._register(message)
@@ -98,11 +126,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if isinstance(message, Heartbeat):
             await self._heartbeat(message)
         elif isinstance(message, Ack):
-            await database_sync_to_async(lease_services.record_ack)(self.host_id, message)
+            await _db(lease_services.record_ack)(self.host_id, message)
         elif isinstance(message, ContainerExited):
-            await database_sync_to_async(lease_services.record_container_exit)(
-                self.host_id, message
-            )
+            await _db(lease_services.record_container_exit)(self.host_id, message)
         elif isinstance(message, (Pong, Error)):
             log.info("agent on host %s says %s", self.host_id, message.TYPE)
 
@@ -111,16 +137,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if message.probe:
             # `cloudgpu-agent smoke`: answer like a registration, change nothing (the real
             # agent may be connected right now on another socket).
-            host_id = await database_sync_to_async(services.probe_registration)(
-                self.token_id, message
-            )
+            host_id = await _db(services.probe_registration)(self.token_id, message)
             await self._reply(Welcome(host_id=host_id))
             return
-        registered = await database_sync_to_async(services.register_host)(
-            self.token_id, message, self.channel_name
-        )
+        registered = await _db(services.register_host)(self.token_id, message, self.channel_name)
         self.host_id = registered.host_id
-        await liveness.touch(self.host_id, time.time() + settings.HOST_OFFLINE_AFTER_S)
         await self._reply(
             Welcome(
                 host_id=str(registered.host_id),
@@ -141,15 +162,17 @@ class AgentConsumer(AsyncWebsocketConsumer):
             redis_ok = False
         found = services.foreign_processes(message)
         if found and set(found) - self._flagged:
-            await database_sync_to_async(services.flag_foreign_processes)(self.host_id, found)
+            await _db(services.flag_foreign_processes)(self.host_id, found)
             self._flagged.update(found)
         signature = services.telemetry_signature(message)
-        if (
+        since_write = now - self._stats_written_at
+        if since_write >= settings.AGENT_HEARTBEAT_INTERVAL_S / 2 and (
+            # A floor between writes whatever changed: a chatty agent cannot hammer Postgres.
             not redis_ok
             or signature != self._stats_signature
-            or now - self._stats_written_at >= settings.HOST_STATS_WRITE_INTERVAL_S
+            or since_write >= settings.HOST_STATS_WRITE_INTERVAL_S
         ):
-            await database_sync_to_async(services.write_heartbeat_stats)(self.host_id, message)
+            await _db(services.write_heartbeat_stats)(self.host_id, message)
             self._stats_signature = signature
             self._stats_written_at = now
 
@@ -163,3 +186,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def agent_revoked(self, event: dict[str, Any]) -> None:
         await self.close(code=CLOSE_TOKEN_REVOKED)
+
+    async def agent_superseded(self, event: dict[str, Any]) -> None:
+        # The same agent id registered on a newer connection; only one may speak for a host.
+        self.host_id = None
+        await self.close(code=CLOSE_SUPERSEDED)

@@ -43,3 +43,18 @@ def overdue(now: float, limit: int) -> list[int]:
 
 def forget(host_id: int) -> None:
     sync_client().zrem(LIVENESS_KEY, str(host_id))
+
+
+# Remove a member only if its deadline is still past: a heartbeat that landed between the
+# sweep's read and this call must not be thrown away.
+_FORGET_IF_OVERDUE = """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score and tonumber(score) <= tonumber(ARGV[2]) then
+    return redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
+
+def forget_if_overdue(host_id: int, now: float) -> bool:
+    return bool(sync_client().eval(_FORGET_IF_OVERDUE, 1, LIVENESS_KEY, str(host_id), repr(now)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -62,13 +63,17 @@ def revoke_agent_token(token_id: int) -> bool:
             revoked_at=timezone.now()
         )
 
-    def close_connections() -> None:
-        async_to_sync(get_channel_layer().group_send)(
-            token_group(token_id), {"type": "agent.revoked"}
-        )
-
     if revoked:
-        close_connections()
+        layer = get_channel_layer()
+        async_to_sync(layer.group_send)(token_group(token_id), {"type": "agent.revoked"})
+        # Group membership expires after a day in channels_redis; long-lived agent sockets are
+        # reached through their hosts' channels as well.
+        for channel in (
+            Host.objects.filter(token_id=token_id)
+            .exclude(channel_name="")
+            .values_list("channel_name", flat=True)
+        ):
+            async_to_sync(layer.send)(channel, {"type": "agent.revoked"})
     return bool(revoked)
 
 
@@ -118,7 +123,7 @@ def register_host(token_id: int, message: Register, channel_name: str) -> Regist
     now = timezone.now()
     with transaction.atomic():
         token = AgentToken.objects.select_related("owner").get(pk=token_id)
-        host = Host.objects.select_for_update().filter(agent_id=message.agent_id).first()
+        host = Host.objects.select_for_update(no_key=True).filter(agent_id=message.agent_id).first()
         if host is not None and host.owner_id != token.owner_id:
             raise RegistrationRefused("this agent id is registered to another supplier")
         if host is None:
@@ -130,6 +135,7 @@ def register_host(token_id: int, message: Register, channel_name: str) -> Regist
         host.runtime = message.runtime
         host.last_seen_at = now
         host.offline_after = pg_offline_after(now)
+        previous_channel = host.channel_name
         host.channel_name = channel_name
         is_new = host.pk is None
         if is_new:
@@ -138,11 +144,20 @@ def register_host(token_id: int, message: Register, channel_name: str) -> Regist
         host.save()
         _upsert_gpus(host, message.gpus, now)
         desired = reconcile_claims(host, message.claims, now)
+        # Before the commit that makes the host online: the offline sweep must never see the
+        # new status next to the old deadline.
+        liveness.sync_client().zadd(
+            liveness.LIVENESS_KEY, {str(host.pk): time.time() + settings.HOST_OFFLINE_AFTER_S}
+        )
+    if previous_channel and previous_channel != channel_name:
+        async_to_sync(get_channel_layer().send)(previous_channel, {"type": "agent.superseded"})
     return Registered(host_id=host.pk, desired_claims=desired)
 
 
 def _upsert_gpus(host: Host, gpus: tuple[GpuState, ...], now: datetime) -> None:
-    existing = {gpu.index: gpu for gpu in Gpu.objects.select_for_update().filter(host=host)}
+    existing = {
+        gpu.index: gpu for gpu in Gpu.objects.select_for_update(no_key=True).filter(host=host)
+    }
     for state in gpus:
         gpu = existing.pop(state.index, None) or Gpu(host=host, index=state.index)
         gpu.uuid = state.uuid
@@ -195,7 +210,7 @@ def write_heartbeat_stats(host_id: int, message: Heartbeat) -> None:
     """Full telemetry, on change or every stats interval (the consumer decides when)."""
     now = timezone.now()
     with transaction.atomic():
-        host = Host.objects.select_for_update().get(pk=host_id)
+        host = Host.objects.select_for_update(no_key=True).get(pk=host_id)
         host.last_seen_at = now
         host.offline_after = pg_offline_after(now)
         if host.status != Host.Status.ONLINE:
@@ -205,7 +220,9 @@ def write_heartbeat_stats(host_id: int, message: Heartbeat) -> None:
             note_host_back(host_id)
         _set_status(host, Host.Status.ONLINE, "heartbeat")
         host.save(update_fields=["last_seen_at", "offline_after", "status"])
-        gpus = {g.index: g for g in Gpu.objects.select_for_update().filter(host_id=host_id)}
+        gpus = {
+            g.index: g for g in Gpu.objects.select_for_update(no_key=True).filter(host_id=host_id)
+        }
         for state in message.gpus:
             gpu = gpus.get(state.index)
             if gpu is None:
@@ -298,5 +315,5 @@ def mark_overdue_hosts_offline(now: datetime | None = None) -> list[int]:
                 )
                 note_host_lost(host_id, now)
                 went_offline.append(host_id)
-        liveness.forget(host_id)
+        liveness.forget_if_overdue(host_id, now_ts)
     return went_offline

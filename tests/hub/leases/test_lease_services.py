@@ -489,7 +489,8 @@ def test_a_lease_lost_past_the_grace_ends_and_its_commands_fail(
     assert not _granted(starting)
     run.refresh_from_db()
     assert run.state == Command.State.FAILED
-    assert _pending(starting) == []
+    # Only a release is left, for an agent that is (or comes back) still holding the claim.
+    assert [c.kind for c in _pending(starting)] == [Kind.RELEASE]
 
 
 def test_a_lease_lost_within_the_grace_stays(host: Host, running: Lease) -> None:
@@ -532,18 +533,37 @@ def test_an_expired_reserve_fails_the_lease_and_queues_a_release(host: Host) -> 
     assert _granted(lease)  # the agent may hold it: freed by the release's answer or expiry
 
 
-def test_an_expired_release_ends_the_lease(host: Host, running: Lease) -> None:
+def test_an_expired_release_is_asked_again_and_the_gpu_stays_granted(
+    host: Host, running: Lease
+) -> None:
     services.release_lease(running.pk)
     release = f.command_of(running, Kind.RELEASE)
 
     services.expire_command(release.pk)
 
     running.refresh_from_db()
-    assert running.state == State.ENDED
-    assert running.ended_at is not None
-    assert not _granted(running)
+    assert running.state == State.STOPPING
+    # The agent may still run the container: the GPU is not handed to anyone else.
+    assert _granted(running)
     release.refresh_from_db()
     assert release.state == Command.State.FAILED
+    assert [c.kind for c in _pending(running)] == [Kind.RELEASE]
+
+
+def test_a_failed_release_is_retried_later_and_the_gpu_stays_granted(
+    host: Host, running: Lease
+) -> None:
+    services.release_lease(running.pk)
+    release = f.command_of(running, Kind.RELEASE)
+
+    assert services.record_ack(host.pk, Ack(command_id=str(release.pk), ok=False, error="busy"))
+
+    running.refresh_from_db()
+    assert running.state == State.STOPPING
+    assert _granted(running)
+    (retry,) = _pending(running)
+    assert retry.kind == Kind.RELEASE
+    assert retry.next_attempt_at > timezone.now()
 
 
 def test_expiring_an_acked_command_changes_nothing(running: Lease) -> None:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hub.accounts.models import User
 from hub.asgi import application
 from hub.lib.tokens import generate_token
-from hub.suppliers import liveness, services
+from hub.suppliers import consumers, liveness, services
 from hub.suppliers.models import Gpu, Host, HostTransition
 from supplier_agent.protocol import MAX_FRAME_BYTES
 
@@ -199,6 +199,7 @@ async def test_revoking_the_token_closes_its_live_socket_within_5_s() -> None:
     await database_sync_to_async(services.revoke_agent_token)(token_id)
     output = await communicator.receive_output(timeout=5)
     assert output == {"type": "websocket.close", "code": 4403}
+    await communicator.disconnect()
     liveness.forget(int(welcome["host_id"]))
 
 
@@ -261,4 +262,34 @@ async def test_huge_and_binary_frames_are_refused_and_the_socket_goes_on() -> No
     assert "not valid JSON" in json.loads(await communicator.receive_from(timeout=10))["reason"]
     assert await _round_trip(communicator) == []
     await communicator.disconnect()
+    liveness.forget(int(welcome["host_id"]))
+
+
+async def test_a_newer_connection_for_the_same_agent_closes_the_older_one() -> None:
+    _, plaintext = await _supplier_token()
+    agent_id = str(uuid.uuid4())
+    older, welcome = await _registered(plaintext, agent_id)
+    newer, _ = await _registered(plaintext, agent_id)
+    assert await older.receive_output(timeout=5) == {"type": "websocket.close", "code": 4409}
+    host = await database_sync_to_async(Host.objects.get)(agent_id=agent_id)
+    assert host.channel_name  # the newer socket's, untouched by the older one's disconnect
+    await older.disconnect()
+    await database_sync_to_async(host.refresh_from_db)()
+    assert host.channel_name
+    await newer.disconnect()
+    liveness.forget(int(welcome["host_id"]))
+
+
+async def test_a_flooding_agent_is_disconnected() -> None:
+    _, plaintext = await _supplier_token()
+    communicator, welcome = await _registered(plaintext)
+    for _ in range(consumers.MAX_FRAMES_PER_WINDOW):
+        await communicator.send_to(text_data='{"type": "pong", "v": 1, "nonce": "n"}')
+    closed = None
+    while closed is None:
+        output = await communicator.receive_output(timeout=10)
+        if output["type"] == "websocket.close":
+            closed = output
+    assert closed["code"] == consumers.CLOSE_TOO_MANY_FRAMES
+    await communicator.disconnect()  # lets the consumer finish its own disconnect handler
     liveness.forget(int(welcome["host_id"]))
