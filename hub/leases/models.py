@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import models
@@ -66,6 +67,8 @@ class Lease(models.Model):
     warnings = models.JSONField(default=list, blank=True)
     # Set while the host is offline; past the grace period the lease ends with host_lost.
     host_lost_since = models.DateTimeField(null=True, blank=True)
+    # Total time the host was away while this lease went on: never billed.
+    offline_duration = models.DurationField(default=timedelta(0))
     foreign_process_seen_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     running_since = models.DateTimeField(null=True, blank=True)

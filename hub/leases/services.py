@@ -14,7 +14,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
+from django.db.models import F, Q, Value
 from django.utils import timezone
 
 from hub.accounts.models import User
@@ -298,7 +298,7 @@ def reconcile_claims(host: Host, claims: tuple[ClaimState, ...], now: datetime) 
     desired: list[str] = []
     # The host is back: the grace clock stops for every lease on it; the ones the agent
     # really lost are ended below.
-    note_host_back(host.pk)
+    note_host_back(host.pk, now)
     live = Q(state__in=[State.RESERVING, State.STARTING, State.RUNNING, State.STOPPING]) | Q(
         state=State.FAILED, lease_gpus__active=True
     )
@@ -342,9 +342,13 @@ def note_host_lost(host_id: int, now: datetime) -> None:
     ).update(host_lost_since=now)
 
 
-def note_host_back(host_id: int) -> None:
+def note_host_back(host_id: int, now: datetime | None = None) -> None:
+    """The host returned within the grace: its leases go on, and the time it was away is
+    recorded so that metering never charges for it."""
+    now = now or timezone.now()
     Lease.objects.filter(host_id=host_id, host_lost_since__isnull=False).update(
-        host_lost_since=None
+        offline_duration=F("offline_duration") + (Value(now) - F("host_lost_since")),
+        host_lost_since=None,
     )
 
 

@@ -436,6 +436,8 @@ def test_a_lease_whose_host_came_back_is_not_ended_after_the_grace() -> None:
     lease.refresh_from_db()
     assert lease.state == Lease.State.RUNNING
     assert lease.host_lost_since is None
+    # The time away is kept, for metering not to charge it.
+    assert lease.offline_duration > timedelta(0)
 
 
 def test_a_lease_whose_host_resumed_heartbeats_is_not_ended_after_the_grace() -> None:
