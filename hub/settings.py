@@ -176,6 +176,8 @@ LOGGING = {
 
 # --- Control plane ----------------------------------------------------------------------------
 AGENT_HEARTBEAT_INTERVAL_S = env_int("AGENT_HEARTBEAT_INTERVAL_S", 15)
+# An agent socket must send `register` this soon after connecting.
+AGENT_REGISTER_TIMEOUT_S = env_int("AGENT_REGISTER_TIMEOUT_S", 30)
 # A host is offline this long after its last heartbeat.
 HOST_OFFLINE_AFTER_S = env_int("HOST_OFFLINE_AFTER_S", 45)
 # Full GPU telemetry is written to Postgres on change, or at least this often; liveness itself

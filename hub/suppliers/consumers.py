@@ -3,6 +3,7 @@ service, reply. Nothing an agent sends can crash the handler."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -45,6 +46,7 @@ MAX_FRAMES_PER_WINDOW = 300
 FRAME_WINDOW_S = 10.0
 CLOSE_TOO_MANY_FRAMES = 4429
 CLOSE_SUPERSEDED = 4409
+CLOSE_NO_REGISTER = 4408
 
 # Close codes: a refused token closes before accept (HTTP 403 at the handshake); revocation
 # of a live connection closes with 4403.
@@ -78,8 +80,18 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self._frames_in_window = 0
         await self.channel_layer.group_add(services.token_group(token.pk), self.channel_name)
         await self.accept()
+        # A socket that never registers holds resources without being a host: close it.
+        self._register_deadline = asyncio.create_task(self._close_unless_registered())
+
+    async def _close_unless_registered(self) -> None:
+        await asyncio.sleep(settings.AGENT_REGISTER_TIMEOUT_S)
+        if self.host_id is None:
+            await self.close(code=CLOSE_NO_REGISTER)
 
     async def disconnect(self, code: int) -> None:
+        deadline = getattr(self, "_register_deadline", None)
+        if deadline is not None:
+            deadline.cancel()
         if self.token_id is not None:
             await self.channel_layer.group_discard(
                 services.token_group(self.token_id), self.channel_name

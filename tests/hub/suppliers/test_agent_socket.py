@@ -293,3 +293,13 @@ async def test_a_flooding_agent_is_disconnected() -> None:
     assert closed["code"] == consumers.CLOSE_TOO_MANY_FRAMES
     await communicator.disconnect()  # lets the consumer finish its own disconnect handler
     liveness.forget(int(welcome["host_id"]))
+
+
+async def test_a_socket_that_never_registers_is_closed(settings: Any) -> None:
+    settings.AGENT_REGISTER_TIMEOUT_S = 1
+    _, plaintext = await _supplier_token()
+    communicator = await _connect(plaintext)
+    assert (await communicator.connect())[0]
+    output = await communicator.receive_output(timeout=10)
+    assert output == {"type": "websocket.close", "code": consumers.CLOSE_NO_REGISTER}
+    await communicator.disconnect()
