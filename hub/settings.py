@@ -80,6 +80,7 @@ INSTALLED_APPS = [
     "hub.health",
     "hub.suppliers",
     "hub.leases",
+    "hub.installer",
 ]
 
 MIDDLEWARE = [
@@ -214,3 +215,7 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": float(SWEEP_INTERVAL_S)},
     },
 }
+
+# --- Supplier installer -----------------------------------------------------------------------
+# Where the hub builds the agent wheel it serves at /agent/ (built on first request).
+AGENT_DIST_DIR = Path(env_str("AGENT_DIST_DIR") or BASE_DIR / ".state" / "agent-dist")

@@ -1,13 +1,17 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import path, re_path
 from django.views.generic import TemplateView
 
 from hub.health.views import healthz
+from hub.installer import views as installer
 
 urlpatterns = [
     path("", TemplateView.as_view(template_name="home.html"), name="home"),
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
+    path("install.sh", installer.install_script, name="install-script"),
+    path("agent/release.json", installer.release, name="agent-release"),
+    re_path(r"^agent/(?P<filename>[^/]+\.whl)$", installer.wheel_file, name="agent-wheel"),
 ]

@@ -82,6 +82,34 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--connectivity", action="store_true", help="also try the hub")
 
     commands.add_parser("version", help="print the agent version and exit")
+
+    def with_install(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        sub.add_argument(
+            "--no-systemd",
+            action="store_true",
+            help="do not run systemctl; only write files and say what would run",
+        )
+        return sub
+
+    install = with_state(
+        with_install(commands.add_parser("install-service", help="install the systemd unit"))
+    )
+    install.add_argument("--prefix", default="/opt/cloudgpu-agent", help="installation folder")
+    install.add_argument("--unit-dir", default="/etc/systemd/system")
+    uninstall = with_install(
+        commands.add_parser("uninstall-service", help="stop and remove the systemd unit")
+    )
+    uninstall.add_argument("--unit-dir", default="/etc/systemd/system")
+    upgrade = with_state(
+        with_install(commands.add_parser("upgrade", help="install the hub's current agent version"))
+    )
+    upgrade.add_argument("--prefix", default="/opt/cloudgpu-agent", help="installation folder")
+    upgrade.add_argument(
+        "--release-url", help="release description to use (default <hub>/agent/release.json)"
+    )
+    upgrade.add_argument(
+        "--force", action="store_true", help="reinstall even if the version is the same"
+    )
     return parser
 
 
@@ -166,6 +194,41 @@ def cmd_run(config: AgentConfig) -> int:
     return EXIT_OK
 
 
+def cmd_service(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from supplier_agent.service import ServiceError, install_service, uninstall_service
+
+    try:
+        if args.command == "uninstall-service":
+            return uninstall_service(Path(args.unit_dir), no_systemd=args.no_systemd)
+        state = args.state or os.environ.get("CLOUDGPU_STATE_DIR") or default_state_dir()
+        return install_service(
+            Path(args.prefix), Path(state), Path(args.unit_dir), no_systemd=args.no_systemd
+        )
+    except ServiceError as exc:
+        print(f"cloudgpu-agent: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def cmd_upgrade(args: argparse.Namespace, config: AgentConfig) -> int:
+    from pathlib import Path
+
+    from supplier_agent.upgrade import UpgradeError, release_url_for, upgrade
+
+    try:
+        return upgrade(
+            Path(args.prefix),
+            config.state_dir,
+            args.release_url or release_url_for(config.hub_url),
+            no_systemd=args.no_systemd,
+            force=args.force,
+        )
+    except (UpgradeError, OSError) as exc:
+        print(f"cloudgpu-agent upgrade: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
 def make_runtime(config: AgentConfig, agent_id: str) -> object:
     if config.runtime == "mock":
         from supplier_agent.mock_runtime import MockRuntime
@@ -188,11 +251,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             from supplier_agent.doctor import run_doctor
 
             return run_doctor(args.state, connectivity=args.connectivity)
+        if args.command in ("install-service", "uninstall-service"):
+            return cmd_service(args)
         config = load(_flags(args))
         if args.command == "smoke":
             from supplier_agent.smoke import run_smoke
 
             return run_smoke(config)
+        if args.command == "upgrade":
+            return cmd_upgrade(args, config)
         return cmd_run(config)
     except (ConfigError, StateInUse) as exc:
         print(f"cloudgpu-agent: {exc}", file=sys.stderr)

@@ -59,12 +59,12 @@ def websocket_url(hub_url: str) -> str:
     if parts.path not in {"", "/", WS_PATH, WS_PATH.rstrip("/")}:
         # The original agents put the token in the path; it must not end up in logs from here.
         raise ConfigError("hub URL must be the hub's address only, e.g. https://hub.example.com")
-    if scheme == "ws" and not _is_loopback(parts.hostname):
+    if scheme == "ws" and not is_loopback(parts.hostname):
         raise ConfigError("the hub must be reached over https:// (plain http only on loopback)")
     return urlunsplit((scheme, parts.netloc, WS_PATH, "", ""))
 
 
-def _is_loopback(hostname: str) -> bool:
+def is_loopback(hostname: str) -> bool:
     if hostname == "localhost":
         return True
     try:

@@ -1,0 +1,185 @@
+"""``cloudgpu-agent install-service`` / ``uninstall-service``: the systemd unit that keeps the
+agent running on a supplier host.
+
+Layout under the prefix (default ``/opt/cloudgpu-agent``): ``venvs/<version>/`` holds one
+virtualenv per installed version and ``venv`` is a symlink to the current one (see
+``upgrade.py``); the unit starts ``<prefix>/venv/bin/cloudgpu-agent``, so an upgrade only swaps
+the symlink and restarts the service. A plain ``venv`` directory works too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+UNIT_NAME = "cloudgpu-agent.service"
+SERVICE = "cloudgpu-agent"
+DEFAULT_PREFIX = Path("/opt/cloudgpu-agent")
+DEFAULT_UNIT_DIR = Path("/etc/systemd/system")
+SYSTEMCTL_TIMEOUT_S = 120
+
+# systemd splits ExecStart on whitespace and expands %, $, quotes and backslashes: paths with any
+# of them would need escaping we would rather not get subtly wrong, so they are refused.
+_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/@+:,=-]*$")
+
+UNIT_TEMPLATE = """\
+# Written by `cloudgpu-agent install-service`; rewritten on the next run, edit with care.
+[Unit]
+Description=CloudGPU supplier agent
+After=network-online.target docker.service
+Wants=network-online.target docker.service
+
+[Service]
+Type=simple
+# The supplier token lives in <state>/cloudgpu-agent.conf (mode 0600), never on this line.
+ExecStart={agent} run --state {state}
+Environment=PYTHONUNBUFFERED=1
+Restart=always
+RestartSec=5
+# root: the agent sets GPU compute modes through NVML and owns /var/lock/cloudgpu-gpu-*.lock,
+# the flock files other CloudGPU-compatible platforms on this host also take.
+User=root
+# Stop only the agent process. Renters' containers belong to dockerd, not to this unit, and
+# keep running; the agent re-adopts them (and their claims) when it starts again.
+KillMode=process
+TimeoutStopSec=30
+# Hardening that leaves Docker (a socket), NVML (/dev/nvidia*, no device policy) and the lock
+# and state folders (/run/lock, /var/lib) working. No ProtectClock / PrivateDevices /
+# ProtectKernelModules: each of those closes /dev/nvidia* or nvidia-modprobe.
+NoNewPrivileges=yes
+ProtectSystem=full
+PrivateTmp=yes
+ProtectControlGroups=yes
+RestrictSUIDSGID=yes
+RestrictRealtime=yes
+LockPersonality=yes
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+class ServiceError(RuntimeError):
+    """The service cannot be installed or removed; the message says why."""
+
+
+def _checked_path(label: str, path: Path) -> Path:
+    path = path.expanduser().absolute()
+    if not _SAFE_PATH.match(str(path)):
+        raise ServiceError(
+            f"{label} {str(path)!r} contains characters systemd would reinterpret "
+            "(spaces, %, $, quotes, backslashes); choose a plainer path"
+        )
+    return path
+
+
+def render_unit(prefix: Path, state_dir: Path) -> str:
+    agent = _checked_path("prefix", prefix) / "venv" / "bin" / "cloudgpu-agent"
+    state = _checked_path("state folder", state_dir)
+    return UNIT_TEMPLATE.format(agent=agent, state=state)
+
+
+def _systemctl(*args: str) -> None:
+    print(f"running: systemctl {' '.join(args)}")
+    try:
+        result = subprocess.run(
+            ["systemctl", *args],
+            capture_output=True,
+            text=True,
+            timeout=SYSTEMCTL_TIMEOUT_S,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise ServiceError(
+            "systemctl not found: this host does not run systemd (use --no-systemd and start "
+            "`cloudgpu-agent run` with your own supervisor)"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise ServiceError(f"systemctl {' '.join(args)} did not finish in time") from None
+    if result.returncode != 0:
+        detail = (result.stderr or result.stdout).strip()
+        raise ServiceError(f"systemctl {' '.join(args)} failed: {detail}")
+
+
+def require_root(
+    no_systemd: bool, hint: str = "--no-systemd --unit-dir DIR to only write the unit file"
+) -> None:
+    if not no_systemd and os.geteuid() != 0:
+        raise ServiceError(
+            f"managing the systemd service needs root: run it with sudo (or pass {hint})"
+        )
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def install_service(prefix: Path, state_dir: Path, unit_dir: Path, *, no_systemd: bool) -> int:
+    require_root(no_systemd)
+    text = render_unit(prefix, state_dir)
+    agent = _checked_path("prefix", prefix) / "venv" / "bin" / "cloudgpu-agent"
+    if not agent.exists():
+        message = f"{agent} does not exist yet; install the agent under {prefix} first"
+        if not no_systemd:
+            raise ServiceError(message)
+        print(f"warning: {message}", file=sys.stderr)
+    unit_path = unit_dir / UNIT_NAME
+    try:
+        current = unit_path.read_text()
+    except FileNotFoundError:
+        current = None
+    except OSError as exc:
+        raise ServiceError(f"cannot read {unit_path}: {exc.strerror}") from None
+    changed = current != text
+    if changed:
+        try:
+            _write_atomically(unit_path, text)
+        except OSError as exc:
+            raise ServiceError(f"cannot write {unit_path}: {exc.strerror}") from None
+        print(f"wrote {unit_path}")
+    else:
+        print(f"{unit_path} is already up to date")
+    if no_systemd:
+        reload = "systemctl daemon-reload; " if changed else ""
+        print(f"--no-systemd: not running: {reload}systemctl enable --now {SERVICE}")
+        return 0
+    # enable --now even when the unit is unchanged: it is idempotent and starts a stopped agent.
+    if changed:
+        _systemctl("daemon-reload")
+    _systemctl("enable", "--now", SERVICE)
+    print(f"{SERVICE} is enabled and running (journalctl -u {SERVICE} for its log)")
+    return 0
+
+
+def uninstall_service(unit_dir: Path, *, no_systemd: bool) -> int:
+    require_root(no_systemd)
+    unit_path = unit_dir / UNIT_NAME
+    if not unit_path.exists():
+        print(f"{unit_path} is not installed; nothing to do")
+        return 0
+    if no_systemd:
+        print(f"--no-systemd: not running: systemctl disable --now {SERVICE}")
+    else:
+        # Stops the agent only (KillMode=process): renters' containers keep running.
+        _systemctl("disable", "--now", SERVICE)
+    try:
+        unit_path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise ServiceError(f"cannot remove {unit_path}: {exc.strerror}") from None
+    print(f"removed {unit_path}")
+    if not no_systemd:
+        _systemctl("daemon-reload")
+    return 0

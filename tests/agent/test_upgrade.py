@@ -1,0 +1,329 @@
+"""`cloudgpu-agent upgrade` with real wheels built from this repository, real virtualenvs, a
+release description served on loopback and a protocol peer answering the new version's smoke.
+
+Dependencies come from a wheelhouse downloaded once per module (``pip download``), handed to
+the upgrade's pip through pip's own environment (``PIP_FIND_LINKS``, ``PIP_NO_INDEX``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from supplier_agent import __version__
+from tests.support.agents import agent_env, configure, new_token
+from tests.support.hub_peer import HubPeer
+from tests.support.processes import REPO_ROOT
+
+GOOD_VERSION = "99.0.0"
+BROKEN_VERSION = "99.0.1"
+PIP_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Wheel:
+    path: Path
+    version: str
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.path.read_bytes()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Build:
+    wheelhouse: Path  # the agent's runtime dependencies, for an offline pip
+    current: Wheel
+    good: Wheel
+    broken: Wheel  # installs and says its version, but `smoke` dies at import
+    old_venv: Path  # the current version, installed, shared by every test's prefix
+
+
+def _run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        argv, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False, **kwargs
+    )
+    assert result.returncode == 0, f"{argv}: {result.stderr}"
+    return result
+
+
+def _build_wheel(work: Path, out: Path, version: str, *, break_smoke: bool = False) -> Wheel:
+    """Build the agent wheel from a copy of the repository with ``__version__`` replaced."""
+    source = work / f"src-{version}"
+    shutil.copytree(
+        REPO_ROOT / "supplier_agent",
+        source / "supplier_agent",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO_ROOT / name, source / name)
+    init = source / "supplier_agent" / "__init__.py"
+    text = init.read_text()
+    assert f'__version__ = "{__version__}"' in text
+    init.write_text(text.replace(f'__version__ = "{__version__}"', f'__version__ = "{version}"'))
+    if break_smoke:
+        smoke = source / "supplier_agent" / "smoke.py"
+        smoke.write_text(smoke.read_text() + '\nraise RuntimeError("deliberately broken")\n')
+    out.mkdir(exist_ok=True)
+    before = set(out.iterdir())
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out),
+            str(source),
+        ]
+    )
+    (path,) = set(out.iterdir()) - before
+    return Wheel(path, version)
+
+
+def _pip_env(wheelhouse: Path) -> dict[str, str]:
+    return agent_env(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheelhouse))
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
+    work = tmp_path_factory.mktemp("upgrade-build")
+    wheelhouse = work / "wheelhouse"
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-r",
+            str(REPO_ROOT / "requirements" / "agent.txt"),
+            "-d",
+            str(wheelhouse),
+        ]
+    )
+    wheels = work / "wheels"
+    current = _build_wheel(work, wheels, __version__)
+    old_venv = work / "venvs" / __version__
+    _run([sys.executable, "-m", "venv", str(old_venv)])
+    _run(
+        [str(old_venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(current.path)],
+        env=_pip_env(wheelhouse),
+    )
+    return Build(
+        wheelhouse=wheelhouse,
+        current=current,
+        good=_build_wheel(work, wheels, GOOD_VERSION),
+        broken=_build_wheel(work, wheels, BROKEN_VERSION, break_smoke=True),
+        old_venv=old_venv,
+    )
+
+
+class ReleaseServer:
+    """Serves a folder over loopback HTTP, like the hub's /agent/release.json and wheel URL."""
+
+    def __init__(self, root: Path) -> None:
+        handler = functools.partial(_QuietHandler, directory=str(root))
+        self.root = root
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> ReleaseServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=30)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def publish(self, wheel: Wheel, *, data: bytes | None = None, sha256: str = "") -> str:
+        (self.root / "wheels").mkdir(exist_ok=True)
+        (self.root / "wheels" / wheel.path.name).write_bytes(data or wheel.path.read_bytes())
+        release = {
+            "version": wheel.version,
+            "filename": wheel.path.name,
+            "sha256": sha256 or wheel.sha256,
+            "url": f"{self.url}/wheels/{wheel.path.name}",
+        }
+        (self.root / "release.json").write_text(json.dumps(release))
+        return f"{self.url}/release.json"
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@dataclass
+class Site:
+    prefix: Path
+    state: Path
+    hub: HubPeer
+    releases: ReleaseServer
+    env: dict[str, str]
+
+    @property
+    def link(self) -> Path:
+        return self.prefix / "venv"
+
+    def upgrade(self, release_url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        # The installed agent upgrades itself, as on a supplier's host.
+        return subprocess.run(
+            [
+                str(self.link / "bin" / "cloudgpu-agent"),
+                "upgrade",
+                "--prefix",
+                str(self.prefix),
+                "--state",
+                str(self.state),
+                "--no-systemd",
+                "--release-url",
+                release_url,
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=PIP_TIMEOUT_S,
+            check=False,
+        )
+
+    def agent(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.link / "bin" / "cloudgpu-agent"), *args],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=60,
+            check=False,
+        )
+
+
+@pytest.fixture
+def site(tmp_path: Path, build: Build) -> Iterator[Site]:
+    """An installation whose `venv` symlink points at the current version, configured for a
+    loopback hub peer in mock runtime."""
+    prefix = tmp_path / "opt"
+    prefix.mkdir()
+    # Absolute, outside <prefix>/venvs: the upgrade must never delete what it did not create.
+    (prefix / "venv").symlink_to(build.old_venv)
+    token = new_token()
+    state = tmp_path / "state"
+    (tmp_path / "www").mkdir()
+    with HubPeer(token) as hub, ReleaseServer(tmp_path / "www") as releases:
+        assert configure(state, hub.url, token, "--runtime", "mock").returncode == 0
+        yield Site(prefix, state, hub, releases, _pip_env(build.wheelhouse))
+
+
+def test_upgrade_switches_the_venv_symlink_to_the_new_version(site: Site, build: Build) -> None:
+    result = site.upgrade(site.releases.publish(build.good))
+
+    assert result.returncode == 0, result.stderr
+    assert os.readlink(site.link) == f"venvs/{GOOD_VERSION}"
+    version = site.agent("version")
+    assert version.stdout.startswith(f"cloudgpu-agent {GOOD_VERSION} "), version.stderr
+    # The new version's smoke reached the hub before the switch.
+    register = site.hub.wait_for(site.hub.wait_for_connection(), "register")
+    assert register.agent_version == GOOD_VERSION
+    assert register.probe
+    assert "not running: systemctl restart cloudgpu-agent" in result.stdout
+    assert (build.old_venv / "bin" / "cloudgpu-agent").exists()  # kept for a rollback
+    assert sorted(p.name for p in (site.prefix / "venvs").iterdir()) == [GOOD_VERSION]
+
+
+def test_a_wheel_with_one_byte_changed_is_refused(site: Site, build: Build) -> None:
+    data = bytearray(build.good.path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    url = site.releases.publish(build.good, data=bytes(data), sha256=build.good.sha256)
+
+    result = site.upgrade(url)
+
+    assert result.returncode == 1
+    assert "sha256 mismatch" in result.stderr
+    assert "nothing was changed" in result.stderr
+    assert os.readlink(site.link) == str(build.old_venv)
+    assert not (site.prefix / "venvs").exists()
+    assert site.hub.connections == []
+    assert site.agent("version").stdout.startswith(f"cloudgpu-agent {__version__} ")
+
+
+def test_a_version_that_fails_its_smoke_is_rolled_back(site: Site, build: Build) -> None:
+    result = site.upgrade(site.releases.publish(build.broken))
+
+    assert result.returncode == 1
+    assert f"version {BROKEN_VERSION} failed its smoke test" in result.stderr
+    assert "deliberately broken" in result.stderr
+    assert "rolled back" in result.stderr
+    assert os.readlink(site.link) == str(build.old_venv)
+    assert list((site.prefix / "venvs").iterdir()) == []
+    # The old version still runs and still reaches the hub.
+    assert site.agent("version").stdout.startswith(f"cloudgpu-agent {__version__} ")
+    smoke = site.agent("smoke", "--state", str(site.state))
+    assert smoke.returncode == 0, smoke.stderr
+
+
+def test_the_running_version_is_not_reinstalled(site: Site, build: Build) -> None:
+    result = site.upgrade(site.releases.publish(build.current))
+
+    assert result.returncode == 0, result.stderr
+    assert f"already at version {__version__}" in result.stdout
+    assert os.readlink(site.link) == str(build.old_venv)
+    assert not (site.prefix / "venvs").exists()
+
+
+def test_plain_http_to_another_host_is_refused(site: Site) -> None:
+    result = site.upgrade("http://hub.example.com/agent/release.json")
+
+    assert result.returncode == 1
+    assert "https://" in result.stderr
+    assert os.readlink(site.link).endswith(__version__)
+
+
+def test_a_plain_venv_directory_is_kept_whole_for_a_rollback(site: Site, build: Build) -> None:
+    # An installer that made `<prefix>/venv` a real virtualenv, not a symlink.
+    site.link.unlink()
+    _run([sys.executable, "-m", "venv", str(site.link)])
+    _run(
+        [
+            str(site.link / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            str(build.current.path),
+        ],
+        env=site.env,
+    )
+
+    result = site.upgrade(site.releases.publish(build.good))
+
+    assert result.returncode == 0, result.stderr
+    assert os.readlink(site.link) == f"venvs/{GOOD_VERSION}"
+    assert site.agent("version").stdout.startswith(f"cloudgpu-agent {GOOD_VERSION} ")
+    previous = site.prefix / "venv.previous"
+    assert f"rm {site.link} && mv {previous} {site.link}" in result.stdout
+    # Its scripts name <prefix>/venv/bin/python: renamed back, it runs the old version again.
+    site.link.unlink()
+    previous.rename(site.link)
+    assert site.agent("version").stdout.startswith(f"cloudgpu-agent {__version__} ")
