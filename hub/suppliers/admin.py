@@ -85,10 +85,16 @@ class HostAdmin(admin.ModelAdmin):
         "maintenance",
         "runtime",
         "agent_version",
+        "agent_up_to_date",
         "last_seen_at",
         "created_at",
     )
     list_filter = ("status", "maintenance", "runtime", "arch")
+
+    @admin.display(boolean=True, description="agent up to date")
+    def agent_up_to_date(self, host: Host) -> bool:
+        return not host.agent_outdated
+
     list_select_related = ("owner",)
     search_fields = ("hostname", "agent_id", "owner__username", "owner__email")
     readonly_fields = (

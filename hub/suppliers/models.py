@@ -5,6 +5,9 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+import supplier_agent
+from hub.lib.versions import is_older
+
 
 class AgentToken(models.Model):
     """A supplier's credential for agents. Only a SHA-256 digest is stored: tokens carry
@@ -62,6 +65,11 @@ class Host(models.Model):
 
     def __str__(self) -> str:
         return f"{self.hostname} ({self.agent_id})"
+
+    @property
+    def agent_outdated(self) -> bool:
+        """Older than the agent this hub serves to installers (`cloudgpu-agent upgrade`)."""
+        return is_older(self.agent_version, supplier_agent.__version__)
 
 
 class Gpu(models.Model):

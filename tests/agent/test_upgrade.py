@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from supplier_agent import __version__
-from tests.support.agents import agent_env, configure, new_token
+from tests.support.agents import agent_env, configure, new_token, running_agent
 from tests.support.hub_peer import HubPeer
 from tests.support.processes import REPO_ROOT
 
@@ -268,8 +268,22 @@ def test_a_wheel_with_one_byte_changed_is_refused(site: Site, build: Build) -> N
     assert site.agent("version").stdout.startswith(f"cloudgpu-agent {__version__} ")
 
 
-def test_a_version_that_fails_its_smoke_is_rolled_back(site: Site, build: Build) -> None:
-    result = site.upgrade(site.releases.publish(build.broken))
+def test_a_version_that_fails_its_smoke_is_rolled_back(
+    site: Site, build: Build, tmp_path: Path
+) -> None:
+    # The installed agent is running (as the service would) while the upgrade fails.
+    with running_agent(site.state, tmp_path / "agent.log", env=site.env):
+        live = site.hub.wait_for_connection()
+        site.hub.wait_for(live, "register", lambda m: not m.probe)
+        result = site.upgrade(site.releases.publish(build.broken))
+        # It stayed online throughout: same socket, still heartbeating after the failure.
+        heartbeats = len([m for m in live.received if getattr(m, "TYPE", "") == "heartbeat"])
+        site.hub.wait(
+            lambda: len([m for m in live.received if getattr(m, "TYPE", "") == "heartbeat"])
+            > heartbeats,
+            what="a heartbeat after the failed upgrade",
+        )
+        assert not live.closed
 
     assert result.returncode == 1
     assert f"version {BROKEN_VERSION} failed its smoke test" in result.stderr

@@ -10,7 +10,9 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+import supplier_agent
 from hub.leases.models import Command, Lease, LeaseGpu
+from hub.lib.versions import is_older
 from hub.suppliers.models import AgentToken, Gpu, Host, HostTransition
 
 pytestmark = pytest.mark.django_db
@@ -110,3 +112,33 @@ def test_release_action_stops_the_lease(admin_client: Client, rows: dict[str, Mo
     assert response.status_code == 302
     lease = Lease.objects.get(pk=lease.pk)
     assert (lease.state, lease.end_reason) == (Lease.State.STOPPING, Lease.EndReason.ADMIN)
+
+
+def test_hosts_running_an_old_agent_are_flagged(admin_client: Client) -> None:
+    owner = get_user_model().objects.create_user(username="old-agent-supplier")
+    old = Host.objects.create(
+        owner=owner, agent_id=uuid.uuid4(), hostname="old-box", agent_version="0.0.1"
+    )
+    current = Host.objects.create(
+        owner=owner,
+        agent_id=uuid.uuid4(),
+        hostname="new-box",
+        agent_version=supplier_agent.__version__,
+    )
+    assert old.agent_outdated
+    assert not current.agent_outdated
+    page = admin_client.get("/admin/suppliers/host/").content.decode()
+    assert "agent up to date" in page.lower()
+    rows = {row.split("</tr>")[0] for row in page.split("<tr")}
+    old_row = next(row for row in rows if "old-box" in row)
+    new_row = next(row for row in rows if "new-box" in row)
+    # Both show maintenance off (a False icon); only the old one also shows "not up to date".
+    assert old_row.count('alt="False"') == 2
+    assert new_row.count('alt="False"') == 1
+    assert 'alt="True"' in new_row
+
+
+def test_version_keys_compare_numerically() -> None:
+    assert is_older("0.9.9", "0.10.0")
+    assert not is_older("1.2.3rc1", "1.2.3")
+    assert is_older("garbage", "0.0.1")
