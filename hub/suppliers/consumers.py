@@ -8,6 +8,7 @@ import logging
 import time
 from typing import Any
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
@@ -87,6 +88,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await asyncio.sleep(settings.AGENT_REGISTER_TIMEOUT_S)
         if self.host_id is None:
             await self.close(code=CLOSE_NO_REGISTER)
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        # Channels' own dispatch first hops to the sync thread to close stale DB connections,
+        # for every frame of every socket: measured as the main cost of a heartbeat (see
+        # docs/benchmarks.md). Every DB call here goes through database_sync_to_async, which
+        # does that clean-up itself, so frames that need no database skip the hop.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     async def disconnect(self, code: int) -> None:
         deadline = getattr(self, "_register_deadline", None)
