@@ -158,12 +158,15 @@ def release_lease(lease_id: Any, reason: str = Lease.EndReason.RENTER_STOP) -> L
     return lease
 
 
-def _withdraw_pending(lease: Lease, why: str) -> None:
+def _withdraw_pending(lease: Lease, why: str, *, releases_too: bool = False) -> None:
     """Stop re-sending a lease's unanswered commands: a reserve re-sent after its release
     would claim the GPU again for a lease that is over."""
-    Command.objects.filter(
+    pending = Command.objects.filter(
         lease=lease, state__in=[Command.State.QUEUED, Command.State.SENT]
-    ).exclude(kind=Command.Kind.RELEASE).update(state=Command.State.FAILED, error=why)
+    )
+    if not releases_too:
+        pending = pending.exclude(kind=Command.Kind.RELEASE)
+    pending.update(state=Command.State.FAILED, error=why)
 
 
 def _free_gpus(lease: Lease) -> None:
@@ -327,9 +330,7 @@ def reconcile_claims(host: Host, claims: tuple[ClaimState, ...], now: datetime) 
             )
         else:
             # Stopping or failed, and the agent holds nothing: the release is as good as done.
-            Command.objects.filter(
-                lease=lease, state__in=[Command.State.QUEUED, Command.State.SENT]
-            ).update(state=Command.State.FAILED, error="the host holds nothing to release")
+            _withdraw_pending(lease, "the host holds nothing to release", releases_too=True)
             _finish(lease, State.FAILED if lease.state == State.FAILED else State.ENDED, now)
     return tuple(desired)
 
@@ -367,9 +368,7 @@ def end_leases_of_lost_hosts(now: datetime | None = None) -> list[str]:
             if lease.state not in (State.RESERVING, State.STARTING, State.RUNNING):
                 continue
             _finish(lease, State.ENDED, now, Lease.EndReason.HOST_LOST, "The host went away.")
-            Command.objects.filter(
-                lease=lease, state__in=[Command.State.QUEUED, Command.State.SENT]
-            ).update(state=Command.State.FAILED, error="host lost")
+            _withdraw_pending(lease, "host lost", releases_too=True)
             # If the agent is still (or again) connected, it lets go now; if it returns later,
             # register tells it the hub no longer wants the claim.
             _queue_command(lease, Command.Kind.RELEASE, reason=Lease.EndReason.HOST_LOST)
