@@ -37,6 +37,15 @@ _IMAGE = re.compile(
 _GPU_UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
 _VOLUME_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")
 _USER = re.compile(r"^[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,31}(?::[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,31})?$")
+# An ssh host name or address: it reaches ssh's argv, so nothing that could read as an option.
+_SSH_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}$")
+_SSH_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+# One OpenSSH public key: "<type> <base64>" with an optional comment, on a single line.
+_SSH_PUBLIC_KEY = re.compile(
+    r"^(?:ssh-ed25519|ecdsa-sha2-nistp(?:256|384|521)|ssh-rsa) "
+    r"[A-Za-z0-9+/=]{16,8192}(?: [\x21-\x7e]{0,128})?$"
+)
+TUNNEL_STATES = frozenset({"up", "down"})
 
 
 class ProtocolError(ValueError):
@@ -520,6 +529,74 @@ class CacheVolume:
         return cls(name=name, path=path)
 
 
+def validate_public_key(value: Any, where: str) -> str:
+    key = _str(value, where, max_len=8192)
+    if not _SSH_PUBLIC_KEY.fullmatch(key):
+        raise ProtocolError(f"{where} is not an OpenSSH public key line")
+    return key
+
+
+@dataclass(frozen=True)
+class TunnelForward:
+    """One container port published on the gateway's loopback at ``listen_port``."""
+
+    port: int
+    listen_port: int
+
+    @classmethod
+    def parse(cls, data: Any, where: str) -> TunnelForward:
+        _expect(data, dict, where)
+        _known(data, {"port", "listen_port"}, where)
+        return cls(
+            port=validate_port(data.get("port"), f"{where}.port"),
+            listen_port=validate_port(data.get("listen_port"), f"{where}.listen_port"),
+        )
+
+
+@dataclass(frozen=True)
+class TunnelSpec:
+    """Where the agent opens its ``ssh -R`` for a lease, and which gateway host keys to trust."""
+
+    host: str
+    port: int
+    user: str
+    host_keys: tuple[str, ...]
+    forwards: tuple[TunnelForward, ...]
+
+    @classmethod
+    def parse(cls, data: Any, where: str) -> TunnelSpec:
+        _expect(data, dict, where)
+        _known(data, {"host", "port", "user", "host_keys", "forwards"}, where)
+        host = _str(data.get("host"), f"{where}.host", max_len=253)
+        if not _SSH_HOST.fullmatch(host):
+            raise ProtocolError(f"{where}.host {host!r} is not a host name or address")
+        user = _str(data.get("user"), f"{where}.user", max_len=32)
+        if not _SSH_USER.fullmatch(user):
+            raise ProtocolError(f"{where}.user {user!r} is not a valid login name")
+        keys = _list(data.get("host_keys"), f"{where}.host_keys", max_items=8)
+        if not keys:
+            raise ProtocolError(
+                f"{where}.host_keys lists no key: the gateway could not be verified"
+            )
+        forwards = _list(data.get("forwards"), f"{where}.forwards", max_items=MAX_PORTS)
+        parsed = tuple(
+            TunnelForward.parse(f, f"{where}.forwards[{i}]") for i, f in enumerate(forwards)
+        )
+        if len({f.port for f in parsed}) != len(parsed) or len(
+            {f.listen_port for f in parsed}
+        ) != len(parsed):
+            raise ProtocolError(f"{where}.forwards lists a port twice")
+        return cls(
+            host=host,
+            port=validate_port(data.get("port"), f"{where}.port"),
+            user=user,
+            host_keys=tuple(
+                validate_public_key(k, f"{where}.host_keys[{i}]") for i, k in enumerate(keys)
+            ),
+            forwards=parsed,
+        )
+
+
 @dataclass(frozen=True)
 class DockerRun(Command):
     TYPE: ClassVar[str] = "docker_run"
@@ -533,6 +610,8 @@ class DockerRun(Command):
     warmup: tuple[str, ...] | None = None
     # ISO 8601 UTC; past it, an agent that cannot reach the hub releases the lease itself.
     paid_until: str | None = None
+    # Present when the hub runs a tunnel gateway: every forward's port is one of ``ports``.
+    tunnel: TunnelSpec | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DockerRun:
@@ -561,6 +640,40 @@ class DockerRun(Command):
             warmup=_optional(data.get("warmup"), _str_list, "docker_run.warmup"),
             paid_until=_optional(
                 data.get("paid_until"), lambda v, w: _str(v, w, max_len=64), "docker_run.paid_until"
+            ),
+            tunnel=_tunnel_for(data.get("tunnel"), parsed_ports),
+        )
+
+
+def _tunnel_for(data: Any, ports: tuple[int, ...]) -> TunnelSpec | None:
+    tunnel = _optional(data, TunnelSpec.parse, "docker_run.tunnel")
+    if tunnel is not None and any(f.port not in ports for f in tunnel.forwards):
+        raise ProtocolError("docker_run.tunnel forwards a port the container does not declare")
+    return tunnel
+
+
+@dataclass(frozen=True)
+class TunnelState(Message):
+    """The agent's view of one forwarded port: ``up`` once the gateway accepted the forward."""
+
+    TYPE: ClassVar[str] = "tunnel_state"
+    lease_id: str
+    port: int
+    state: str
+    detail: str = ""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TunnelState:
+        _known(data, {"lease_id", "port", "state", "detail"}, "tunnel_state")
+        state = _str(data.get("state"), "tunnel_state.state", max_len=8)
+        if state not in TUNNEL_STATES:
+            raise ProtocolError("tunnel_state.state must be 'up' or 'down'")
+        return cls(
+            lease_id=_uuid(data.get("lease_id"), "tunnel_state.lease_id"),
+            port=validate_port(data.get("port"), "tunnel_state.port"),
+            state=state,
+            detail=_str(
+                data.get("detail", ""), "tunnel_state.detail", max_len=512, allow_empty=True
             ),
         )
 
@@ -607,7 +720,9 @@ class Error(Message):
         )
 
 
-AGENT_TO_HUB = frozenset({"register", "heartbeat", "ack", "container_exited", "pong", "error"})
+AGENT_TO_HUB = frozenset(
+    {"register", "heartbeat", "ack", "container_exited", "tunnel_state", "pong", "error"}
+)
 HUB_TO_AGENT = frozenset({"welcome", "reserve", "docker_run", "release", "ping", "error"})
 
 
