@@ -81,6 +81,7 @@ INSTALLED_APPS = [
     "hub.suppliers",
     "hub.leases",
     "hub.installer",
+    "hub.tunnels",
 ]
 
 MIDDLEWARE = [
@@ -219,3 +220,27 @@ CELERY_BEAT_SCHEDULE = {
 # --- Supplier installer -----------------------------------------------------------------------
 # Where the hub builds the agent wheel it serves at /agent/ (built on first request).
 AGENT_DIST_DIR = Path(env_str("AGENT_DIST_DIR") or BASE_DIR / ".state" / "agent-dist")
+
+# --- Tunnels (a public URL per container port, through the SSH gateway) ---------------------
+# Tunnels are on when a domain and the gateway's ssh address and host keys are set: every
+# declared container port of a lease then gets https://<id>-i.<TUNNEL_DOMAIN>.
+TUNNEL_DOMAIN = env_str("TUNNEL_DOMAIN").strip(".").lower()
+TUNNEL_URL_SCHEME = env_str("TUNNEL_URL_SCHEME", "https")
+TUNNEL_GATEWAY_SSH_HOST = env_str("TUNNEL_GATEWAY_SSH_HOST")
+TUNNEL_GATEWAY_SSH_PORT = env_int("TUNNEL_GATEWAY_SSH_PORT", 2222)
+TUNNEL_GATEWAY_USER = env_str("TUNNEL_GATEWAY_USER", "cloudgpu-tunnel")
+# The gateway sshd's public host key(s), one per line: agents trust only these.
+TUNNEL_GATEWAY_HOST_KEYS_FILE = env_str("TUNNEL_GATEWAY_HOST_KEYS_FILE")
+# Shared by the gateway (its sshd key lookups and its edge proxy) and the hub's /internal/tunnels/.
+try:
+    TUNNEL_GATEWAY_SECRET = env_secret("TUNNEL_GATEWAY_SECRET")
+except EnvError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
+# Ports on the gateway's loopback that forwards listen on.
+TUNNEL_LISTEN_PORT_MIN = env_int("TUNNEL_LISTEN_PORT_MIN", 20000)
+TUNNEL_LISTEN_PORT_MAX = env_int("TUNNEL_LISTEN_PORT_MAX", 59999)
+# A port freed by a lease is not handed to another for this long, so that a forward an
+# unreachable agent still holds cannot capture a new renter's URL.
+TUNNEL_PORT_QUARANTINE_S = env_int("TUNNEL_PORT_QUARANTINE_S", 3600)
+# Renters' access tokens for protected URLs stay valid this long (the lease's end ends them).
+TUNNEL_ACCESS_TOKEN_MAX_AGE_S = env_int("TUNNEL_ACCESS_TOKEN_MAX_AGE_S", 30 * 24 * 3600)

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import path, re_path
+from django.urls import include, path, re_path
 from django.views.generic import TemplateView
 
 from hub.health.views import healthz
@@ -14,4 +14,5 @@ urlpatterns = [
     path("install.sh", installer.install_script, name="install-script"),
     path("agent/release.json", installer.release, name="agent-release"),
     re_path(r"^agent/(?P<filename>[^/]+\.whl)$", installer.wheel_file, name="agent-wheel"),
+    path("internal/tunnels/", include("hub.tunnels.urls")),
 ]

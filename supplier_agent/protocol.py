@@ -43,7 +43,7 @@ _SSH_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 # One OpenSSH public key: "<type> <base64>" with an optional comment, on a single line.
 _SSH_PUBLIC_KEY = re.compile(
     r"^(?:ssh-ed25519|ecdsa-sha2-nistp(?:256|384|521)|ssh-rsa) "
-    r"[A-Za-z0-9+/=]{16,8192}(?: [\x21-\x7e]{0,128})?$"
+    r"[A-Za-z0-9+/=]{16,8192}(?: [\x20-\x7e]{0,128})?$"
 )
 TUNNEL_STATES = frozenset({"up", "down"})
 

@@ -60,6 +60,8 @@ class Lease(models.Model):
     user = models.CharField(max_length=64, blank=True)
     cache_volume = models.JSONField(null=True, blank=True)
     warmup = models.JSONField(null=True, blank=True)
+    # The renter's choice: its tunnel URLs need the lease's access token (hub/tunnels/access.py).
+    access_protected = models.BooleanField(default=False)
     container_id = models.CharField(max_length=128, blank=True)
     host_ports = models.JSONField(default=dict, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)

@@ -20,6 +20,7 @@ from django.utils import timezone
 from hub.accounts.models import User
 from hub.leases.models import Command, Lease, LeaseGpu
 from hub.suppliers.models import Gpu, Host
+from hub.tunnels import services as tunnels
 from supplier_agent.protocol import Ack, ClaimState, ContainerExited
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,8 @@ class LeaseSpec:
     user: str = ""
     cache_volume: dict[str, str] | None = None
     warmup: list[str] | None = None
+    # Tunnel URLs need the lease's access token, not just the address.
+    access_protected: bool = False
 
 
 # --- commands (outbox) --------------------------------------------------------------------------
@@ -84,6 +87,9 @@ def _docker_run_fields(lease: Lease) -> dict[str, Any]:
             fields[name] = getattr(lease, name)
     if lease.user:
         fields["user"] = lease.user
+    tunnel = tunnels.docker_run_spec(lease)
+    if tunnel is not None:
+        fields["tunnel"] = tunnel
     return fields
 
 
@@ -133,12 +139,17 @@ def start_lease(renter: User, host: Host, gpu_indices: list[int], spec: LeaseSpe
                 user=spec.user,
                 cache_volume=spec.cache_volume,
                 warmup=spec.warmup,
+                access_protected=spec.access_protected,
             )
+            if tunnels.enabled():
+                tunnels.allocate(lease)
             LeaseGpu.objects.bulk_create([LeaseGpu(lease=lease, gpu=gpu) for gpu in gpus])
             indices = ",".join(str(i) for i in sorted(gpu_indices))
             _queue_command(lease, Command.Kind.RESERVE, gpus=indices)
     except IntegrityError:
         raise LeaseError("that GPU was just rented by someone else") from None
+    except tunnels.TunnelError as exc:
+        raise LeaseError(str(exc)) from None
     return lease
 
 
@@ -182,6 +193,7 @@ def _finish(lease: Lease, state: str, now: datetime, reason: str = "", failure: 
     lease.ended_at = lease.ended_at or now
     lease.save()
     _free_gpus(lease)
+    tunnels.close(lease, now)
 
 
 def _fail_and_release(lease: Lease, failure: str) -> None:
@@ -258,7 +270,12 @@ def _advance(lease: Lease, command: Command, ack: Ack, now: datetime) -> None:
         lease.host_ports = dict(ack.result.get("ports", {}))
         lease.state = State.RUNNING
         lease.running_since = now
-        lease.save(update_fields=["container_id", "host_ports", "state", "running_since"])
+        warning = tunnels.register_key(lease, ack.result.get("tunnel_public_key"))
+        if warning:
+            lease.warnings = [*lease.warnings, warning]
+        lease.save(
+            update_fields=["container_id", "host_ports", "state", "running_since", "warnings"]
+        )
     elif kind == Command.Kind.RELEASE:
         if not ack.ok and lease.lease_gpus.filter(active=True).exists():
             # The agent still holds the claim (its container would not go): try again in a

@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 
 from hub.leases import services as lease_services
 from hub.suppliers import liveness, services
+from hub.tunnels import services as tunnel_services
 from supplier_agent.protocol import (
     AGENT_TO_HUB,
     Ack,
@@ -26,6 +27,7 @@ from supplier_agent.protocol import (
     Pong,
     ProtocolError,
     Register,
+    TunnelState,
     Welcome,
     encode,
     parse_message,
@@ -152,6 +154,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await _db(lease_services.record_ack)(self.host_id, message)
         elif isinstance(message, ContainerExited):
             await _db(lease_services.record_container_exit)(self.host_id, message)
+        elif isinstance(message, TunnelState):
+            await _db(tunnel_services.record_state)(self.host_id, message)
         elif isinstance(message, (Pong, Error)):
             log.info("agent on host %s says %s", self.host_id, message.TYPE)
 

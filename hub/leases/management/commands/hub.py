@@ -4,9 +4,10 @@ hub token create --owner USER [--name NAME]     print a new agent token (shown o
 hub token revoke PREFIX_OR_ID
 hub hosts                                       hosts, status and GPUs
 hub lease start --renter USER --host HOST --gpus 0[,1] --image IMAGE [--port N ...]
-                [--env K=V ...] [--command ARG ...] [--wait SECONDS]
+                [--env K=V ...] [--command ARG ...] [--wait SECONDS] [--protect]
 hub lease release LEASE_ID [--reason REASON]
-hub lease show LEASE_ID
+hub lease show LEASE_ID                         state, ports and tunnel URLs
+hub lease access-token LEASE_ID                 the token a --protect lease's URLs need
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from hub.leases.models import Lease
 from hub.leases.services import LeaseError, LeaseSpec, release_lease, start_lease
 from hub.suppliers.models import AgentToken, Host
 from hub.suppliers.services import create_agent_token, revoke_agent_token
+from hub.tunnels import access as tunnel_access
+from hub.tunnels import services as tunnel_services
 
 
 def _user(username: str) -> User:
@@ -76,11 +79,16 @@ class Command(BaseCommand):
         start.add_argument("--env", action="append", default=[])
         start.add_argument("--command", nargs=argparse.REMAINDER)
         start.add_argument("--wait", type=float, default=0, help="wait up to N s for running")
+        start.add_argument(
+            "--protect", action="store_true", help="tunnel URLs need the lease's access token"
+        )
         release = lease.add_parser("release")
         release.add_argument("lease")
         release.add_argument("--reason", default=Lease.EndReason.ADMIN)
         show = lease.add_parser("show")
         show.add_argument("lease")
+        access_token = lease.add_parser("access-token", help="print a protected lease's token")
+        access_token.add_argument("lease")
 
     def handle(self, *args: Any, **options: Any) -> None:
         noun, verb = options["noun"], options.get("verb")
@@ -103,6 +111,11 @@ class Command(BaseCommand):
                 self.stdout.write(f"{host.pk}\t{host.hostname}\t{host.status}\t{gpus}")
         elif verb == "start":
             self._start(options)
+        elif verb == "access-token":
+            lease = Lease.objects.get(pk=options["lease"])
+            if not lease.access_protected:
+                raise CommandError("this lease's URLs are not protected; it needs no token")
+            self.stdout.write(tunnel_access.issue(lease.pk))
         elif verb == "release":
             lease = release_lease(options["lease"], options["reason"])
             self.stdout.write(f"lease {lease.pk}: {lease.state}")
@@ -119,6 +132,7 @@ class Command(BaseCommand):
             ports=options["port"],
             env=_env(options["env"]),
             command=options["command"] or None,
+            access_protected=options["protect"],
         )
         try:
             lease = start_lease(_user(options["renter"]), _host(options["host"]), gpus, spec)
@@ -141,3 +155,8 @@ class Command(BaseCommand):
             + (f" - {lease.failure_reason}" if lease.failure_reason else "")
             + (f" ports {lease.host_ports}" if lease.host_ports else "")
         )
+        for tunnel in lease.tunnels.all():
+            self.stdout.write(
+                f"  port {tunnel.container_port}: {tunnel_services.public_url(tunnel)}"
+                f" (tunnel {tunnel.state}{': ' + tunnel.detail if tunnel.detail else ''})"
+            )

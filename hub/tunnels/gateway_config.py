@@ -1,0 +1,213 @@
+"""The tunnel gateway's configuration: sshd (which keys may forward which ports is the hub's
+answer, per login) and nginx (which port a host name maps to is the hub's answer, per request).
+
+Pure rendering, no Django: the gateway runs beside the hub, not inside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+# Responses are never cut before this (issue: >= 620 s); idle WebSockets and long streams
+# (token streaming, notebooks' kernels) live within it.
+DEFAULT_TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class GatewayOptions:
+    folder: Path
+    hub_url: str  # how the gateway reaches the hub, e.g. http://web:8000
+    ssh_host: str = "0.0.0.0"  # noqa: S104 - the gateway's whole point is to be reachable
+    ssh_port: int = 2222
+    http_host: str = "0.0.0.0"  # noqa: S104
+    http_port: int = 8080
+    user: str = "cloudgpu-tunnel"
+    keys_command_user: str = "nobody"
+    timeout_s: int = DEFAULT_TIMEOUT_S
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    python: str = "/usr/bin/python3"
+    nginx_workers: str = "auto"
+
+    @property
+    def host_key(self) -> Path:
+        return self.folder / "ssh_host_ed25519_key"
+
+    @property
+    def keys_command(self) -> Path:
+        return self.folder / "authorized-keys"
+
+
+def render_sshd_config(options: GatewayOptions) -> str:
+    folder = options.folder
+    return f"""# Written by `python -m hub.tunnels.gateway`; edits are overwritten on start.
+Port {options.ssh_port}
+ListenAddress {options.ssh_host}
+HostKey {options.host_key}
+PidFile {folder / "sshd.pid"}
+LogLevel VERBOSE
+UsePAM no
+UseDNS no
+PrintMotd no
+PermitRootLogin no
+AllowUsers {options.user}
+# Keys are the hub's answer per login: a lease's key gets restrict,port-forwarding and
+# permitlisten for its own ports only; an unknown or finished lease's key gets nothing.
+AuthorizedKeysFile none
+AuthorizedKeysCommand {options.keys_command} %u %t %k
+AuthorizedKeysCommandUser {options.keys_command_user}
+AuthenticationMethods publickey
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+HostbasedAuthentication no
+# Remote forwards (-R) only, bound to loopback: no -L, no sockets, no tunnels, no sessions.
+AllowTcpForwarding remote
+PermitOpen none
+GatewayPorts no
+AllowStreamLocalForwarding no
+AllowAgentForwarding no
+X11Forwarding no
+PermitTunnel no
+PermitTTY no
+PermitUserRC no
+PermitUserEnvironment no
+MaxSessions 0
+ForceCommand /usr/sbin/nologin
+# Dead agents' forwards go away within a minute and free their port for the same lease.
+ClientAliveInterval 15
+ClientAliveCountMax 3
+# Many agents reconnect at once after a gateway restart.
+MaxStartups 200:30:1000
+LoginGraceTime 20
+"""
+
+
+def _listen(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def render_nginx_config(options: GatewayOptions, secret: str) -> str:
+    folder = options.folder
+    hub = urlsplit(options.hub_url)
+    if hub.scheme not in {"http", "https"} or not hub.netloc:
+        raise ValueError(f"the hub URL must look like http://web:8000, not {options.hub_url!r}")
+    tls = options.tls_cert is not None and options.tls_key is not None
+    listen = _listen(options.http_host, options.http_port) + (" ssl" if tls else "")
+    scheme = "https" if tls else "$scheme"
+    tls_lines = (
+        f"    ssl_certificate {options.tls_cert};\n"
+        f"    ssl_certificate_key {options.tls_key};\n"
+        "    ssl_protocols TLSv1.2 TLSv1.3;\n"
+        if tls
+        else ""
+    )
+    hub_headers = f"""        proxy_set_header Host {hub.netloc};
+        proxy_set_header X-CloudGPU-Gateway-Secret "{secret}";
+        proxy_set_header X-CloudGPU-Tunnel-Host $host;
+        proxy_set_header X-Forwarded-For $remote_addr;
+        proxy_set_header X-Forwarded-Proto {scheme};
+        proxy_set_header Connection "";"""
+    timeout = f"{options.timeout_s}s"
+    return f"""# Written by `python -m hub.tunnels.gateway`; edits are overwritten on start.
+worker_processes {options.nginx_workers};
+daemon off;
+pid {folder / "nginx.pid"};
+error_log stderr warn;
+
+events {{
+    worker_connections 8192;
+}}
+
+http {{
+    # Paths only, never query strings: a renter's app may put secrets in its URLs.
+    log_format edge '$remote_addr [$time_local] "$request_method $host$uri" $status '
+                    '$body_bytes_sent $request_time';
+    access_log {folder / "logs" / "access.log"} edge;
+    client_body_temp_path {folder / "tmp" / "body"};
+    proxy_temp_path {folder / "tmp" / "proxy"};
+    fastcgi_temp_path {folder / "tmp" / "fastcgi"};
+    uwsgi_temp_path {folder / "tmp" / "uwsgi"};
+    scgi_temp_path {folder / "tmp" / "scgi"};
+    server_tokens off;
+    server_names_hash_bucket_size 128;
+
+    map $http_upgrade $connection_upgrade {{
+        default upgrade;
+        ''      "";
+    }}
+
+    upstream cloudgpu_hub {{
+        server {hub.netloc};
+        keepalive 32;
+    }}
+
+    server {{
+        listen {listen} default_server;
+        server_name _;
+{tls_lines}        # The renter's service decides what it accepts (uploads of model weights, say).
+        client_max_body_size 0;
+
+        # The hub's answer for this host name: 204 and the gateway port, or 403 (page below).
+        location = /__cloudgpu/auth {{
+            internal;
+            proxy_pass http://cloudgpu_hub/internal/tunnels/edge/auth;
+            proxy_http_version 1.1;
+            proxy_pass_request_body off;
+            proxy_set_header Content-Length "";
+{hub_headers}
+        }}
+
+        # A protected URL's token form; the hub sets the access cookie for this host.
+        location = /__cloudgpu/access {{
+            proxy_pass http://cloudgpu_hub/internal/tunnels/edge/access;
+            proxy_http_version 1.1;
+{hub_headers}
+        }}
+
+        # Unknown id (404), token needed (401), tunnel down or service not answering (502).
+        location @cloudgpu_page {{
+            rewrite ^ /internal/tunnels/edge/page break;
+            proxy_pass http://cloudgpu_hub;
+            proxy_method GET;
+            proxy_http_version 1.1;
+            proxy_pass_request_body off;
+            proxy_set_header Content-Length "";
+{hub_headers}
+        }}
+
+        location / {{
+            auth_request /__cloudgpu/auth;
+            auth_request_set $tunnel_port $upstream_http_x_cloudgpu_tunnel_port;
+            error_page 401 403 500 502 503 504 = @cloudgpu_page;
+
+            proxy_pass http://127.0.0.1:$tunnel_port;
+            proxy_http_version 1.1;
+            proxy_set_header Host $host;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto {scheme};
+            proxy_set_header X-Forwarded-Host $host;
+            proxy_set_header X-CloudGPU-Gateway-Secret "";
+            proxy_set_header Upgrade $http_upgrade;
+            proxy_set_header Connection $connection_upgrade;
+            # Stream both ways as bytes arrive: tokens, logs, uploads.
+            proxy_buffering off;
+            proxy_request_buffering off;
+            proxy_read_timeout {timeout};
+            proxy_send_timeout {timeout};
+            send_timeout {timeout};
+            proxy_connect_timeout 10s;
+        }}
+    }}
+}}
+"""
+
+
+def keys_command_wrapper(options: GatewayOptions) -> str:
+    return f"""#!/bin/sh
+# sshd's AuthorizedKeysCommand (see sshd_config); asks the hub, prints its answer.
+exec {options.python} -I -S {options.folder / "keys_command.py"} \\
+  {options.folder / "keys-command.json"} "$@"
+"""
