@@ -41,12 +41,15 @@ from supplier_agent.protocol import (
     Register,
     Release,
     Reserve,
+    TunnelSpec,
+    TunnelState,
     Welcome,
     encode,
     parse_message,
 )
 from supplier_agent.runtime import CommandFailed, Runtime
 from supplier_agent.state import AgentState, Claim
+from supplier_agent.tunnels import TunnelManager, require_tools, spec_to_dict
 
 log = logging.getLogger("cloudgpu.agent")
 
@@ -141,6 +144,7 @@ class Agent:
         self._pending_exits: dict[str, ContainerExited] = {}
         self._lease_locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self.tunnels = TunnelManager(state.dir, self._note_tunnel_state)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -150,6 +154,8 @@ class Agent:
             if lease_id not in held:
                 log.info("claim for lease %s did not survive; dropping it", lease_id)
                 self.state.drop_claim(lease_id)
+        self.tunnels.forget_keys(keep=set(self.state.claims))
+        await self._restart_tunnels()
         watcher_stop = threading.Event()
         loop = asyncio.get_running_loop()
 
@@ -167,9 +173,24 @@ class Agent:
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(deadman, *self._tasks, return_exceptions=True)
+            # The claims survive a restart, so the keys the hub registered stay on disk.
+            await self.tunnels.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(watcher, timeout=10)
             await self.runtime.close()
+
+    async def _restart_tunnels(self) -> None:
+        for claim in self.state.claims.values():
+            if not claim.tunnel or not claim.ports:
+                continue
+            try:
+                spec = TunnelSpec.parse(claim.tunnel, "claim.tunnel")
+                await self.tunnels.start(claim.lease_id, spec, claim.ports)
+            except (ProtocolError, CommandFailed) as exc:
+                log.error("cannot reopen the tunnel of lease %s: %s", claim.lease_id, exc)
+            except Exception:
+                # One tunnel that cannot be reopened must not keep the agent from starting.
+                log.exception("reopening the tunnel of lease %s failed", claim.lease_id)
 
     async def _connect_forever(self, stop: asyncio.Event) -> None:
         attempt = 0
@@ -194,7 +215,7 @@ class Agent:
                 attempt = 0
             # Full jitter: thousands of agents reconnecting after a hub restart spread out.
             delay = random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**attempt))  # noqa: S311
-            attempt += 1
+            attempt = min(attempt + 1, 16)  # 2**attempt past ~1000 overflows a float
             log.info("reconnecting in %.1f s", delay)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)
@@ -214,6 +235,9 @@ class Agent:
             log.info("connected to the hub as host %s", welcome.host_id)
             self.connected.set()
             await self._apply_welcome(welcome)
+            # The hub may have restarted and lost what it knew of our tunnels: tell it again.
+            for tunnel_state in self.tunnels.current_states():
+                self._outbox.put_nowait(tunnel_state)
             workers = [
                 asyncio.create_task(self._receive_loop(ws)),
                 asyncio.create_task(self._heartbeat_loop(ws)),
@@ -322,6 +346,9 @@ class Agent:
         self._pending_exits[message.lease_id] = message
         self._outbox.put_nowait(message)
 
+    def _note_tunnel_state(self, message: TunnelState) -> None:
+        self._outbox.put_nowait(message)
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
@@ -384,6 +411,7 @@ class Agent:
             container_id=existing.container_id if existing else None,
             ports=dict(existing.ports) if existing else {},
             paid_until=existing.paid_until if existing else None,
+            tunnel=existing.tunnel if existing else None,
         )
         try:
             self.state.note_epoch(outcome.gpu_indices, command.epoch)
@@ -399,17 +427,32 @@ class Agent:
         if claim is None:
             raise CommandFailed(f"lease {command.lease_id} holds no GPU here; reserve comes first")
         self._check_epoch(claim.gpu_indices, command.epoch)
+        if command.tunnel is not None:
+            require_tools()  # before the container: without ssh nobody could reach it
         claim.paid_until = command.paid_until
         outcome = await self.runtime.start(command, claim)
         claim.container_id = outcome.container_id
         claim.ports = dict(outcome.ports)
+        if command.tunnel is None and claim.tunnel is not None:  # an earlier run had one
+            await self.tunnels.stop(command.lease_id)
+            claim.tunnel = None
         self.state.save_claim(claim)
-        return {"container_id": outcome.container_id, "ports": outcome.ports, **outcome.extra}
+        result = {"container_id": outcome.container_id, "ports": outcome.ports, **outcome.extra}
+        if command.tunnel is None:
+            return result
+        result["tunnel_public_key"] = await self.tunnels.ensure_key(command.lease_id)
+        claim.tunnel = spec_to_dict(command.tunnel)
+        self.state.save_claim(claim)
+        # The hub learns the key from this command's ack, which is sent after we return: the
+        # first ssh attempt may be refused, and the supervisor's quick first retry gets in.
+        await self.tunnels.start(command.lease_id, command.tunnel, claim.ports)
+        return result
 
     async def _release(self, command: Release) -> dict[str, Any]:
         claim = self.state.claims.get(command.lease_id)
         if claim is not None:
             self._check_epoch(claim.gpu_indices, command.epoch)
+        await self.tunnels.stop(command.lease_id)
         warnings = await self.runtime.release(command.lease_id, claim)
         self.state.drop_claim(command.lease_id)
         self._pending_exits.pop(command.lease_id, None)
@@ -419,6 +462,7 @@ class Agent:
         lock = self._lease_locks.setdefault(lease_id, asyncio.Lock())
         async with lock:
             claim = self.state.claims.get(lease_id)
+            await self.tunnels.stop(lease_id)
             try:
                 await self.runtime.release(lease_id, claim)
             except Exception:

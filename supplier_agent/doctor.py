@@ -1,6 +1,7 @@
 """``cloudgpu-agent doctor``: what this host can offer, and what to fix.
 
-Rows: host, Docker, NVIDIA driver, container toolkit (warn below 1.17.8, CVE-2025-23266), GPU.
+Rows: host, Docker, NVIDIA driver, container toolkit (warn below 1.17.8, CVE-2025-23266), GPU,
+and the OpenSSH client that renters' tunnels need.
 The GPU row is ``n/a`` on a CPU-only box (not a failure), ``ok`` when NVML works and (if the
 probe image is already local) a ``--gpus all`` container sees the GPU, ``fail`` when the host
 has a GPU that containers cannot get. The probe never pulls an image.
@@ -71,6 +72,25 @@ def _toolkit_row() -> Row:
             f"{text} is older than 1.17.8 (CVE-2025-23266, container escape): upgrade it",
         )
     return Row("container toolkit", "ok", text)
+
+
+def _ssh_row() -> Row:
+    # Both come with openssh-client: ssh-keygen makes each lease's key, ssh opens its tunnel.
+    missing = [tool for tool in ("ssh", "ssh-keygen") if shutil.which(tool) is None]
+    if missing:
+        return Row(
+            "ssh",
+            "fail",
+            f"{' and '.join(missing)} not found: renters could not reach their containers; "
+            "apt install openssh-client",
+        )
+    try:
+        banner = subprocess.run(
+            ["ssh", "-V"], capture_output=True, text=True, timeout=10, check=False
+        ).stderr.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        banner = ""
+    return Row("ssh", "ok", banner.split(",")[0] or "found")
 
 
 def _gpu_rows(client: object | None) -> list[Row]:
@@ -157,6 +177,7 @@ def run_doctor(state: str | None, *, connectivity: bool) -> int:
     rows.append(docker_row)
     rows.append(_toolkit_row())
     rows.extend(_gpu_rows(client))
+    rows.append(_ssh_row())
     if Path("/var/lock").is_dir() and not os.access("/var/lock", os.W_OK):
         rows.append(Row("locks", "warn", "/var/lock is not writable: run the agent as root"))
     if connectivity:

@@ -79,6 +79,8 @@ class Claim:
     container_id: str | None = None
     ports: dict[str, int] = field(default_factory=dict)
     paid_until: str | None = None
+    # The docker_run's TunnelSpec as plain JSON, so a restarted agent reopens the tunnel.
+    tunnel: dict[str, Any] | None = None
 
 
 class AgentState:

@@ -28,6 +28,20 @@ def test_a_cpu_only_host_is_not_a_failure(tmp_path: Path, docker_client: object)
     assert result.returncode == 0, result.stdout + result.stderr
     assert _row(result.stdout, "gpu").split()[1] == "n/a"
     assert _row(result.stdout, "docker").split()[1] == "ok"
+    assert _row(result.stdout, "ssh").split()[1] == "ok"
+
+
+def test_a_host_without_the_openssh_client_fails_with_the_fix(
+    tmp_path: Path, docker_client: object
+) -> None:
+    no_tools = tmp_path / "bin"
+    no_tools.mkdir()
+    env = agent_env(PATH=str(no_tools), **fake_nvml_env(tmp_path / "no-such-table.json"))
+    result = _doctor(env)
+    assert result.returncode == 1
+    ssh = _row(result.stdout, "ssh")
+    assert ssh.split()[1] == "fail"
+    assert "apt install openssh-client" in ssh
 
 
 def test_a_gpu_that_containers_cannot_reach_fails_with_the_fix(

@@ -114,7 +114,7 @@ def tunnel_world(
     table = FakeGpuTable.create(tmp_path / "gpus.json", gpu_count=gpus)
     env = agent_env(**fake_nvml_env(table.path))
     with (
-        planned_gateway() as gateway,
+        planned_gateway(tmp_path) as gateway,
         hub_stack(tmp_path, **gateway.hub_settings()) as stack,
         running_gateway(gateway, stack.url(), timeout_s=EDGE_TIMEOUT_S),
     ):
@@ -168,6 +168,13 @@ def _ssh_processes(lease: Lease) -> list[psutil.Process]:
         if process.info["name"] == "ssh" and any(marker in part for part in cmdline):
             found.append(process)
     return found
+
+
+def _gone_or_zombie(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def _ssh(
@@ -293,7 +300,8 @@ def test_two_ports_websocket_streaming_refusals_recovery_and_release(
             os.kill(agent.pid, signal.SIGSTOP)
             try:
                 ssh_process.kill()
-                ssh_process.wait(timeout=10)
+                # A zombie until the stopped agent reaps it: dead either way.
+                wait_for(lambda: _gone_or_zombie(ssh_process), timeout_s=10, what="ssh to die")
                 down = wait_for(
                     lambda: (r := gateway.get(web.public_id)).status_code == 502 and r,
                     timeout_s=30,
@@ -329,7 +337,7 @@ def test_two_ports_websocket_streaming_refusals_recovery_and_release(
                     all=True, filters={"label": f"cloudgpu.lease={leased.pk}"}
                 ):
                     container.remove(force=True)
-    access_log = (gateway.folder / "logs" / "access.log").read_text()
+    access_log = gateway.access_log.read_text()
     assert f"{web.public_id}-i.tunnels.test/cgi-bin/stream" in access_log
 
 
@@ -379,5 +387,5 @@ def test_a_protected_url_needs_the_lease_token(
                 all=True, filters={"label": f"cloudgpu.lease={lease.pk}"}
             ):
                 container.remove(force=True)
-    logs = stack.log_text() + (gateway.folder / "logs" / "access.log").read_text()
+    logs = stack.log_text() + gateway.access_log.read_text()
     assert token not in logs

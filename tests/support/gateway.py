@@ -3,6 +3,7 @@ ask the hub) on free loopback ports, for end-to-end tunnel tests. Needs root, li
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import shutil
 import tempfile
@@ -35,7 +36,8 @@ class Gateway:
     secret: str
     ssh_port: int
     http_port: int
-    log: Path
+    log: Path  # the gateway's own output (sshd's log among it)
+    access_log: Path  # the edge's access log, copied here when the gateway stops
 
     @property
     def host_keys_file(self) -> Path:
@@ -67,7 +69,7 @@ class Gateway:
 
 
 @contextmanager
-def planned_gateway() -> Iterator[Gateway]:
+def planned_gateway(log_dir: Path) -> Iterator[Gateway]:
     """Ports, folder and secret, chosen before the hub starts (the hub must know them)."""
     require_gateway()
     parent = Path(tempfile.mkdtemp(prefix="cloudgpu-gw-", dir="/run"))
@@ -78,7 +80,8 @@ def planned_gateway() -> Iterator[Gateway]:
             secret=secrets.token_urlsafe(32),
             ssh_port=free_port(),
             http_port=free_port(),
-            log=parent / "gateway.log",
+            log=log_dir / "gateway.log",
+            access_log=log_dir / "edge-access.log",
         )
     finally:
         shutil.rmtree(parent, ignore_errors=True)
@@ -103,7 +106,11 @@ def running_gateway(gateway: Gateway, hub_url: str, *, timeout_s: int = 900) -> 
         "1",
     )
     env = hub_env(TUNNEL_GATEWAY_SECRET=gateway.secret)
-    with running(argv, env=env, log=gateway.log):
-        for port in (gateway.ssh_port, gateway.http_port):
-            assert wait_for_port(port, timeout_s=30), gateway.log.read_text()
-        yield gateway
+    try:
+        with running(argv, env=env, log=gateway.log):
+            for port in (gateway.ssh_port, gateway.http_port):
+                assert wait_for_port(port, timeout_s=30), gateway.log.read_text()
+            yield gateway
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            shutil.copyfile(gateway.folder / "logs" / "access.log", gateway.access_log)
