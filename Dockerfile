@@ -1,5 +1,5 @@
 # The hub image: one image for the web (Daphne), worker and beat processes.
-FROM python:3.11-slim-bookworm
+FROM python:3.11-slim-bookworm AS hub
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -24,3 +24,16 @@ USER cloudgpu
 EXPOSE 8000
 # hub.serve is Daphne with its logs redacted (agent tokens may be in a path).
 CMD ["python", "-m", "hub.serve", "-b", "0.0.0.0", "-p", "8000", "hub.asgi:application"]
+
+# The tunnel gateway: the same code plus Debian's OpenSSH server and nginx. It runs as root
+# (sshd must), keeps its host key in /var/lib/cloudgpu-gateway and asks the hub over HTTP.
+FROM hub AS gateway
+USER root
+RUN apt-get update && \
+    apt-get install -y --no-install-recommends openssh-server nginx-light && \
+    rm -rf /var/lib/apt/lists/* && \
+    useradd --system --no-create-home --shell /usr/sbin/nologin cloudgpu-tunnel && \
+    usermod -p '*' cloudgpu-tunnel
+EXPOSE 2222 8080
+CMD ["python", "-m", "hub.tunnels.gateway", "run", "--hub-url", "http://web:8000", \
+     "--folder", "/var/lib/cloudgpu-gateway"]

@@ -64,7 +64,10 @@ if _public.scheme not in {"http", "https"} or not _public.hostname:
     )
 PUBLIC_HTTPS = _public.scheme == "https"
 
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [_public.hostname, "localhost", "127.0.0.1", "[::1]"])
+# "web" is the hub's name on docker compose's network: the tunnel gateway reaches it there.
+ALLOWED_HOSTS = env_list(
+    "ALLOWED_HOSTS", [_public.hostname, "localhost", "127.0.0.1", "[::1]", "web"]
+)
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [f"{_public.scheme}://{_public.netloc}"])
 
 INSTALLED_APPS = [

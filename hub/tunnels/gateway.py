@@ -203,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--tls-key", type=Path)
     run_parser.add_argument("--nginx-workers", default="auto")
     run_parser.add_argument("--ready-file", type=Path, help="written once both servers started")
+    run_parser.add_argument(
+        "--python",
+        default=shutil.which("python3", path="/usr/bin:/usr/local/bin") or "/usr/bin/python3",
+        help="the interpreter sshd's key command runs on (standard library only)",
+    )
     args = parser.parse_args(argv)
     if args.verb == "host-key":
         print(host_key_line(args.folder))
@@ -220,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.timeout < 620:
+        print(
+            f"tunnel gateway: warning: --timeout {args.timeout} cuts responses quiet for longer; "
+            "renters expect at least 620 s (default 900)",
+            file=sys.stderr,
+        )
     ssh_host, _, ssh_port = args.ssh_listen.rpartition(":")
     http_host, _, http_port = args.http_listen.rpartition(":")
     options = GatewayOptions(
@@ -235,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         nginx_workers=args.nginx_workers,
+        python=args.python,
     )
     try:
         return run(options, secret, args.ready_file)
