@@ -85,6 +85,7 @@ INSTALLED_APPS = [
     "hub.leases",
     "hub.installer",
     "hub.tunnels",
+    "hub.billing",
 ]
 
 MIDDLEWARE = [
@@ -218,6 +219,27 @@ CELERY_BEAT_SCHEDULE = {
         # A sweep not started by the next tick is pointless: the next one does its work.
         "options": {"expires": float(SWEEP_INTERVAL_S)},
     },
+}
+
+# --- Money (hub/billing): integer micro-units, 1 unit = 1,000,000 micros --------------------
+# Running leases are charged per second, in batches this often (a beat task).
+BILLING_INTERVAL_S = env_int("BILLING_INTERVAL_S", 60)
+# The platform's cut of each charge in basis points (1000 = 10%); the supplier earns the rest.
+# Fixed on a lease when it starts.
+PLATFORM_FEE_BPS = env_int("PLATFORM_FEE_BPS", 1000)
+# Renters whose balance covers less than this many minutes of their rentals are warned.
+BILLING_WARN_MINUTES = env_int("BILLING_WARN_MINUTES", 10)
+if not 0 <= PLATFORM_FEE_BPS <= 10_000:
+    raise ImproperlyConfigured(
+        f"PLATFORM_FEE_BPS must be between 0 and 10000 (100%), not {PLATFORM_FEE_BPS}"
+    )
+if BILLING_INTERVAL_S < 1 or BILLING_WARN_MINUTES < 1:
+    raise ImproperlyConfigured("BILLING_INTERVAL_S and BILLING_WARN_MINUTES must be at least 1")
+CELERY_BEAT_SCHEDULE["charge-running-leases"] = {
+    "task": "billing.charge_running_leases",
+    "schedule": float(BILLING_INTERVAL_S),
+    # Metering is cumulative: a skipped tick is caught up by the next one.
+    "options": {"expires": float(BILLING_INTERVAL_S)},
 }
 
 # --- Supplier installer -----------------------------------------------------------------------

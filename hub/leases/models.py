@@ -75,6 +75,18 @@ class Lease(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     running_since = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # Money (hub/billing): the terms are fixed when the lease starts, so a supplier changing a
+    # price or an admin changing the fee never changes a running lease.
+    price_per_hour_micros = models.BigIntegerField(default=0)
+    platform_fee_bps = models.PositiveIntegerField(default=0)
+    # Metering cursor: the total charged so far, and the instant that total runs up to. The
+    # ledger is the truth for balances; this only says how much of the lease is already billed.
+    charged_micros = models.BigIntegerField(default=0)
+    billed_until = models.DateTimeField(null=True, blank=True)
+    # Set once the lease ended and was charged up to its end: metering never looks at it again.
+    billing_settled_at = models.DateTimeField(null=True, blank=True)
+    # Set while the renter's balance covers less than BILLING_WARN_MINUTES of their burn.
+    funds_warning_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -84,7 +96,13 @@ class Lease(models.Model):
                 fields=["host_lost_since"],
                 condition=models.Q(host_lost_since__isnull=False),
                 name="lease_host_lost_idx",
-            )
+            ),
+            # The metering sweep: leases that ran and are not settled yet, stalest first.
+            models.Index(
+                fields=["billed_until"],
+                condition=models.Q(running_since__isnull=False, billing_settled_at__isnull=True),
+                name="lease_unsettled_idx",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -18,6 +18,7 @@ from django.db.models import F, Q, Value
 from django.utils import timezone
 
 from hub.accounts.models import User
+from hub.billing import services as billing
 from hub.leases.models import Command, Lease, LeaseGpu
 from hub.suppliers.models import Gpu, Host
 from hub.tunnels import services as tunnels
@@ -126,6 +127,9 @@ def start_lease(renter: User, host: Host, gpu_indices: list[int], spec: LeaseSpe
                     raise LeaseError(f"GPU {gpu.index} is not for rent")
             if LeaseGpu.objects.filter(gpu__in=gpus, active=True).exists():
                 raise LeaseError("that GPU was just rented by someone else")
+            # The price is fixed now: a supplier's later price change never reaches this lease.
+            price_per_hour_micros = sum(gpu.price_per_hour_micros for gpu in gpus)
+            billing.require_funds_to_start(renter, price_per_hour_micros)
             lease = Lease.objects.create(
                 renter=renter,
                 host=host,
@@ -140,6 +144,8 @@ def start_lease(renter: User, host: Host, gpu_indices: list[int], spec: LeaseSpe
                 cache_volume=spec.cache_volume,
                 warmup=spec.warmup,
                 access_protected=spec.access_protected,
+                price_per_hour_micros=price_per_hour_micros,
+                platform_fee_bps=settings.PLATFORM_FEE_BPS,
             )
             if tunnels.enabled():
                 tunnels.allocate(lease)
@@ -148,7 +154,7 @@ def start_lease(renter: User, host: Host, gpu_indices: list[int], spec: LeaseSpe
             _queue_command(lease, Command.Kind.RESERVE, gpus=indices)
     except IntegrityError:
         raise LeaseError("that GPU was just rented by someone else") from None
-    except tunnels.TunnelError as exc:
+    except (tunnels.TunnelError, billing.OutOfFunds) as exc:
         raise LeaseError(str(exc)) from None
     return lease
 
@@ -192,6 +198,8 @@ def _finish(lease: Lease, state: str, now: datetime, reason: str = "", failure: 
         lease.failure_reason = failure
     lease.ended_at = lease.ended_at or now
     lease.save()
+    # Charged up to ended_at in the same transaction, under the same lock.
+    billing.settle_lease(lease, now)
     _free_gpus(lease)
     tunnels.close(lease, now)
 
@@ -353,9 +361,11 @@ def reconcile_claims(host: Host, claims: tuple[ClaimState, ...], now: datetime) 
 
 
 def note_host_lost(host_id: int, now: datetime) -> None:
+    # Stopping too: until the agent confirms the release the lease is billed, and a host that
+    # never returns must end it (past the grace) rather than bill it forever.
     Lease.objects.filter(
         host_id=host_id,
-        state__in=[State.RESERVING, State.STARTING, State.RUNNING],
+        state__in=[State.RESERVING, State.STARTING, State.RUNNING, State.STOPPING],
         host_lost_since__isnull=True,
     ).update(host_lost_since=now)
 
@@ -370,19 +380,22 @@ def note_host_back(host_id: int, now: datetime | None = None) -> None:
     )
 
 
+_LOSABLE = (State.RESERVING, State.STARTING, State.RUNNING, State.STOPPING)
+
+
 def end_leases_of_lost_hosts(now: datetime | None = None) -> list[str]:
     """Past the grace period, a lease on a host that has not come back ends with host_lost."""
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.LEASE_HOST_GRACE_S)
     ended = []
     for lease_id in Lease.objects.filter(
-        host_lost_since__lt=cutoff, state__in=[State.RESERVING, State.STARTING, State.RUNNING]
+        host_lost_since__lt=cutoff, state__in=_LOSABLE
     ).values_list("pk", flat=True)[:500]:
         with transaction.atomic():
             lease = Lease.objects.select_for_update(no_key=True).get(pk=lease_id)
             if lease.host_lost_since is None or lease.host_lost_since >= cutoff:
                 continue
-            if lease.state not in (State.RESERVING, State.STARTING, State.RUNNING):
+            if lease.state not in _LOSABLE:
                 continue
             _finish(lease, State.ENDED, now, Lease.EndReason.HOST_LOST, "The host went away.")
             _withdraw_pending(lease, "host lost", releases_too=True)

@@ -491,6 +491,23 @@ def test_a_lease_lost_within_the_grace_stays(host: Host, running: Lease) -> None
     assert _granted(running)
 
 
+def test_a_stopping_lease_whose_host_never_returns_ends_past_the_grace(
+    host: Host, running: Lease
+) -> None:
+    services.release_lease(running.pk)
+    lost_at = timezone.now()
+    services.note_host_lost(host.pk, lost_at)
+    running.refresh_from_db()
+    assert running.host_lost_since == lost_at  # the stopping lease stops being billed here
+    later = lost_at + timedelta(seconds=settings.LEASE_HOST_GRACE_S + 1)
+
+    assert services.end_leases_of_lost_hosts(now=later) == [str(running.id)]
+    running.refresh_from_db()
+    assert running.state == State.ENDED
+    assert running.end_reason == Lease.EndReason.RENTER_STOP  # the first reason stays
+    assert not _granted(running)
+
+
 def test_note_host_lost_keeps_the_first_loss_time(host: Host, running: Lease) -> None:
     first = timezone.now()
     services.note_host_lost(host.pk, first)
