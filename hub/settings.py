@@ -86,6 +86,7 @@ INSTALLED_APPS = [
     "hub.installer",
     "hub.tunnels",
     "hub.billing",
+    "hub.catalog",
 ]
 
 MIDDLEWARE = [

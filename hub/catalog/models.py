@@ -1,0 +1,32 @@
+"""Templates: what a renter starts on a GPU (image, ports, env, command, cache volume)."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Template(models.Model):
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=120)
+    description = models.TextField(blank=True)
+    image = models.CharField(max_length=512)
+    # Container ports that get a URL each (tunnels), e.g. [8888].
+    ports = models.JSONField(default=list, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    command = models.JSONField(null=True, blank=True)
+    entrypoint = models.JSONField(null=True, blank=True)
+    # A folder in the container kept in a named volume on the host across rentals (model
+    # weights, pip caches): re-renting the same template there starts warm.
+    cache_volume_path = models.CharField(max_length=1024, blank=True)
+    min_vram_bytes = models.BigIntegerField(default=0)
+    listed = models.BooleanField(default=True)
+    # Lower first in the catalogue.
+    position = models.PositiveIntegerField(default=100)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["position", "name"]
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,0 +1,58 @@
+"""From a template (or a custom image) and a renter's overrides to a checked LeaseSpec."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hub.catalog.models import Template
+from hub.leases.services import LeaseError, LeaseSpec
+from supplier_agent.protocol import (
+    MAX_PORTS,
+    ProtocolError,
+    validate_env,
+    validate_image,
+    validate_port,
+)
+
+
+def lease_spec(
+    template: Template | None,
+    *,
+    image: str | None = None,
+    ports: list[Any] | None = None,
+    env: dict[str, Any] | None = None,
+    command: list[str] | None = None,
+    access_protected: bool = False,
+) -> LeaseSpec:
+    """The renter's choices over the template's; every value checked with the protocol's own
+    validators, so a bad image or port is refused here with a clear message, not by the agent."""
+    if template is None and not image:
+        raise LeaseError("choose a template or give an image")
+    try:
+        chosen_image = validate_image(image or template.image)  # type: ignore[union-attr]
+        chosen_ports = list(ports if ports is not None else (template.ports if template else []))
+        if len(chosen_ports) > MAX_PORTS:
+            raise ProtocolError(f"at most {MAX_PORTS} ports")
+        checked_ports = [validate_port(p, f"port {p!r}") for p in chosen_ports]
+        if len(set(checked_ports)) != len(checked_ports):
+            raise ProtocolError("a port is listed twice")
+        merged_env = {**(template.env if template else {}), **(env or {})}
+        checked_env = validate_env(merged_env)
+    except ProtocolError as exc:
+        raise LeaseError(str(exc)) from None
+    if command is not None and (
+        not isinstance(command, list) or not all(isinstance(a, str) for a in command)
+    ):
+        raise LeaseError("command must be a list of strings")
+    cache_volume = None
+    if template is not None and template.cache_volume_path:
+        cache_volume = {"name": f"template-{template.slug}", "path": template.cache_volume_path}
+    return LeaseSpec(
+        image=chosen_image,
+        ports=checked_ports,
+        env=checked_env,
+        command=command if command is not None else (template.command if template else None),
+        entrypoint=template.entrypoint if template else None,
+        cache_volume=cache_volume,
+        access_protected=access_protected,
+    )
