@@ -32,6 +32,7 @@ from hub.tunnels.gateway_config import (
     render_nginx_config,
     render_sshd_config,
 )
+from hub.tunnels.ssh_listener import SshListener
 
 SSHD = "/usr/sbin/sshd"
 DEFAULT_FOLDER = Path("/var/lib/cloudgpu-gateway")
@@ -147,6 +148,9 @@ def run(options: GatewayOptions, secret: str, ready: Path | None = None) -> int:
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation root
     folder = options.folder
     supervisor = Supervisor()
+    listener = SshListener(
+        SSHD, folder / "sshd_config", options.ssh_host, options.ssh_port, stderr=sys.stderr
+    )
     stopping = False
 
     def stop(signum: int, _frame: object) -> None:
@@ -156,7 +160,7 @@ def run(options: GatewayOptions, secret: str, ready: Path | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        supervisor.start("sshd", [SSHD, "-D", "-e", "-f", str(folder / "sshd_config")])
+        listener.start()
         supervisor.start(
             "nginx", ["nginx", "-c", str(folder / "nginx.conf")], stop_signal=signal.SIGQUIT
         )
@@ -169,12 +173,14 @@ def run(options: GatewayOptions, secret: str, ready: Path | None = None) -> int:
             ready.write_text(f"{os.getpid()}\n")
         while not stopping:
             exited = supervisor.first_exited()
-            if exited is not None:
-                print(f"tunnel gateway: {exited.name} exited; stopping", file=sys.stderr)
+            if exited is not None or not listener.alive():
+                name = exited.name if exited else "the ssh listener"
+                print(f"tunnel gateway: {name} exited; stopping", file=sys.stderr)
                 return 1
             time.sleep(0.5)
         return 0
     finally:
+        listener.stop()
         supervisor.stop_all(timeout_s=10)
 
 

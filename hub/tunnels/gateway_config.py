@@ -41,12 +41,10 @@ class GatewayOptions:
 
 
 def render_sshd_config(options: GatewayOptions) -> str:
-    folder = options.folder
     return f"""# Written by `python -m hub.tunnels.gateway`; edits are overwritten on start.
-Port {options.ssh_port}
-ListenAddress {options.ssh_host}
+# sshd runs as `sshd -i` per connection (hub/tunnels/ssh_listener.py accepts on
+# {options.ssh_host}:{options.ssh_port}), so Port, ListenAddress and MaxStartups do not apply.
 HostKey {options.host_key}
-PidFile {folder / "sshd.pid"}
 LogLevel VERBOSE
 UsePAM no
 UseDNS no
@@ -79,8 +77,6 @@ ForceCommand /usr/sbin/nologin
 # Dead agents' forwards go away within a minute and free their port for the same lease.
 ClientAliveInterval 15
 ClientAliveCountMax 3
-# Many agents reconnect at once after a gateway restart.
-MaxStartups 200:30:1000
 LoginGraceTime 20
 """
 
