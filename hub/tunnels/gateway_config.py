@@ -13,6 +13,9 @@ from urllib.parse import urlsplit
 # Responses are never cut before this (issue: >= 620 s); idle WebSockets and long streams
 # (token streaming, notebooks' kernels) live within it.
 DEFAULT_TIMEOUT_S = 900
+# How long the edge reuses the hub's "host -> port" answer: an ended lease's URL may route for
+# this long after its end (to a port that no new lease gets for an hour: TUNNEL_PORT_QUARANTINE_S).
+ROUTE_CACHE_S = 2
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,8 @@ def render_nginx_config(options: GatewayOptions, secret: str) -> str:
         proxy_set_header X-Forwarded-Proto {scheme};
         proxy_set_header Connection "";"""
     timeout = f"{options.timeout_s}s"
+    # Everything that decides the answer: the host name and every place a token may be.
+    cache_key = "$host|$http_authorization|$http_x_cloudgpu_access|$cookie_cloudgpu_access"
     return f"""# Written by `python -m hub.tunnels.gateway`; edits are overwritten on start.
 worker_processes {options.nginx_workers};
 daemon off;
@@ -129,6 +134,11 @@ http {{
     scgi_temp_path {folder / "tmp" / "scgi"};
     server_tokens off;
     server_names_hash_bucket_size 128;
+
+    # The hub's route answers, kept {ROUTE_CACHE_S} s per host name and credentials: a page
+    # loading 50 assets asks the hub once. Only "yes, port N" is kept; refusals never are.
+    proxy_cache_path {folder / "tmp" / "routes"} levels=1:2 keys_zone=cloudgpu_routes:10m
+                     max_size=64m inactive=60s use_temp_path=off;
 
     map $http_upgrade $connection_upgrade {{
         default upgrade;
@@ -153,6 +163,11 @@ http {{
             proxy_http_version 1.1;
             proxy_pass_request_body off;
             proxy_set_header Content-Length "";
+            proxy_cache cloudgpu_routes;
+            proxy_cache_key "{cache_key}";
+            proxy_cache_valid 204 {ROUTE_CACHE_S}s;
+            proxy_cache_lock on;
+            proxy_ignore_headers Cache-Control Expires Set-Cookie Vary;
 {hub_headers}
         }}
 
