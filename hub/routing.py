@@ -3,12 +3,17 @@ so no origin validator wraps the agent endpoint; browser endpoints add their own
 
 from __future__ import annotations
 
+from channels.auth import AuthMiddlewareStack
+from channels.security.websocket import AllowedHostsOriginValidator
 from django.urls import URLPattern, path, re_path
 
 from hub.suppliers.consumers import AgentConsumer
+from hub.web.consumers import LiveConsumer
 
 websocket_urlpatterns: list[URLPattern] = [
     path("api/p2p/ws/", AgentConsumer.as_asgi()),
     # The original agents' form, kept for compatibility; the token never reaches a log line.
     re_path(r"^api/p2p/ws/(?P<token>[A-Za-z0-9_]{1,128})/?$", AgentConsumer.as_asgi()),
+    # The dashboard's live updates: same-origin browsers with a session only.
+    path("ws/live/", AllowedHostsOriginValidator(AuthMiddlewareStack(LiveConsumer.as_asgi()))),
 ]

@@ -87,6 +87,12 @@ INSTALLED_APPS = [
     "hub.tunnels",
     "hub.billing",
     "hub.catalog",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "hub.api",
+    "hub.fleet",
+    "hub.web",
 ]
 
 MIDDLEWARE = [
@@ -113,6 +119,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "hub.web.context.dashboard",
             ],
         },
     },
@@ -137,6 +144,40 @@ STATIC_URL = "/static/"
 STATIC_ROOT = env_str("STATIC_ROOT") or None
 WHITENOISE_USE_FINDERS = DEBUG or STATIC_ROOT is None
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- REST API (hub/api): renters' cgpr_ tokens, or the session for the browsable API ---------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        # First, so that a request without credentials gets 401 with WWW-Authenticate: Bearer.
+        "hub.api.authentication.ApiTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "hub.api.exceptions.handle",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "CloudGPU API",
+    "DESCRIPTION": (
+        "Rent GPUs from a script. Authenticate with `Authorization: Bearer cgpr_...` (create a "
+        "token at `/api/v1/tokens/` while logged in). Money is integer micro-units "
+        "(1 unit = 1,000,000 micros) next to a formatted string."
+    ),
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # The docs page's assets come from the sidecar package: nothing loads from a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "LeaseStateEnum": "hub.leases.models.Lease.State",
+        "EndReasonEnum": "hub.leases.models.Lease.EndReason",
+        "TunnelStateEnum": "hub.tunnels.models.Tunnel.State",
+        "LedgerKindEnum": "hub.billing.models.LedgerEntry.Kind",
+    },
+}
 
 # --- HTTPS hardening: follows the public URL, each knob overridable ----------------------------
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", PUBLIC_HTTPS)
@@ -221,6 +262,28 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": float(SWEEP_INTERVAL_S)},
     },
 }
+
+CELERY_BEAT_SCHEDULE["expire-due-leases"] = {
+    "task": "leases.expire_due_leases",
+    "schedule": float(SWEEP_INTERVAL_S),
+    "options": {"expires": float(SWEEP_INTERVAL_S)},
+}
+
+# --- Dashboard (hub/web) --------------------------------------------------------------------
+LOGIN_URL = "web:login"
+LOGIN_REDIRECT_URL = "web:offers"
+LOGOUT_REDIRECT_URL = "home"
+# The login rate limit's counters live here, so every web process sees the same ones.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": env_str("CACHE_PREFIX", "cloudgpu"),
+    }
+}
+# Failed logins allowed per username and client address in LOGIN_RATE_WINDOW_S.
+LOGIN_RATE_LIMIT = env_int("LOGIN_RATE_LIMIT", 5)
+LOGIN_RATE_WINDOW_S = env_int("LOGIN_RATE_WINDOW_S", 900)
 
 # --- Money (hub/billing): integer micro-units, 1 unit = 1,000,000 micros --------------------
 # Running leases are charged per second, in batches this often (a beat task).

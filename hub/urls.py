@@ -2,17 +2,20 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.urls import include, path, re_path
-from django.views.generic import TemplateView
 
 from hub.health.views import healthz
 from hub.installer import views as installer
+from hub.web.views.home import home
 
 urlpatterns = [
-    path("", TemplateView.as_view(template_name="home.html"), name="home"),
+    path("", home, name="home"),
     path("healthz", healthz, name="healthz"),
+    path("admin/fleet/", include("hub.fleet.urls")),
     path("admin/", admin.site.urls),
+    path("api/", include("hub.api.urls")),
     path("install.sh", installer.install_script, name="install-script"),
     path("agent/release.json", installer.release, name="agent-release"),
     re_path(r"^agent/(?P<filename>[^/]+\.whl)$", installer.wheel_file, name="agent-wheel"),
     path("internal/tunnels/", include("hub.tunnels.urls")),
+    path("", include("hub.web.urls")),
 ]

@@ -39,6 +39,8 @@ class LeaseAdmin(ViewOnlyMixin, admin.ModelAdmin):
         "state",
         "end_reason",
         "image",
+        "access_protected",
+        "price_per_hour_micros",
         "created_at",
         "running_since",
         "foreign_process_seen_at",
@@ -47,6 +49,7 @@ class LeaseAdmin(ViewOnlyMixin, admin.ModelAdmin):
     list_filter = (
         "state",
         "end_reason",
+        "access_protected",
         "created_at",
         ("foreign_process_seen_at", admin.EmptyFieldListFilter),
     )
@@ -56,7 +59,7 @@ class LeaseAdmin(ViewOnlyMixin, admin.ModelAdmin):
     inlines = (LeaseGpuInline,)
     actions = ("release",)
 
-    @admin.action(description="Release selected leases (end reason: admin)")
+    @admin.action(description="Force-release selected leases (end reason: admin)")
     def release(self, request: HttpRequest, queryset: QuerySet[Lease]) -> None:
         leases = [
             release_lease(pk, Lease.EndReason.ADMIN) for pk in queryset.values_list("pk", flat=True)
@@ -77,9 +80,10 @@ class CommandAdmin(ViewOnlyMixin, admin.ModelAdmin):
         "ok",
         "next_attempt_at",
         "deadline",
+        "error",
         "created_at",
     )
-    list_filter = ("kind", "state", "ok")
+    list_filter = ("kind", "state", "ok", "created_at")
     list_select_related = ("lease", "host")
     search_fields = ("id", "lease__id", "host__hostname")
     date_hierarchy = "created_at"

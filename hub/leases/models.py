@@ -87,6 +87,8 @@ class Lease(models.Model):
     billing_settled_at = models.DateTimeField(null=True, blank=True)
     # Set while the renter's balance covers less than BILLING_WARN_MINUTES of their burn.
     funds_warning_at = models.DateTimeField(null=True, blank=True)
+    # The renter's keep-alive limit: a beat sweep releases the lease (expired) at this time.
+    stop_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -102,6 +104,15 @@ class Lease(models.Model):
                 fields=["billed_until"],
                 condition=models.Q(running_since__isnull=False, billing_settled_at__isnull=True),
                 name="lease_unsettled_idx",
+            ),
+            # The keep-alive sweep: leases with a limit that are still going.
+            models.Index(
+                fields=["stop_at"],
+                condition=models.Q(
+                    stop_at__isnull=False,
+                    state__in=["pending", "reserving", "starting", "running"],
+                ),
+                name="lease_stop_at_idx",
             ),
         ]
 

@@ -45,6 +45,8 @@ class LeaseSpec:
     warmup: list[str] | None = None
     # Tunnel URLs need the lease's access token, not just the address.
     access_protected: bool = False
+    # Keep-alive limit: the lease is released (expired) this long after it was rented.
+    stop_after: timedelta | None = None
 
 
 # --- commands (outbox) --------------------------------------------------------------------------
@@ -146,6 +148,7 @@ def start_lease(renter: User, host: Host, gpu_indices: list[int], spec: LeaseSpe
                 access_protected=spec.access_protected,
                 price_per_hour_micros=price_per_hour_micros,
                 platform_fee_bps=settings.PLATFORM_FEE_BPS,
+                stop_at=timezone.now() + spec.stop_after if spec.stop_after else None,
             )
             if tunnels.enabled():
                 tunnels.allocate(lease)
@@ -173,6 +176,22 @@ def release_lease(lease_id: Any, reason: str = Lease.EndReason.RENTER_STOP) -> L
             _withdraw_pending(lease, "superseded by release")
             _queue_command(lease, Command.Kind.RELEASE, reason=reason)
     return lease
+
+
+def expire_due_leases(now: datetime | None = None, batch: int = 100) -> list[str]:
+    """Release leases whose keep-alive limit has passed (end reason ``expired``)."""
+    now = now or timezone.now()
+    due = list(
+        Lease.objects.filter(
+            stop_at__lte=now,
+            state__in=[State.PENDING, State.RESERVING, State.STARTING, State.RUNNING],
+        )
+        .order_by("stop_at")
+        .values_list("pk", flat=True)[:batch]
+    )
+    for lease_id in due:
+        release_lease(lease_id, Lease.EndReason.EXPIRED)
+    return [str(lease_id) for lease_id in due]
 
 
 def _withdraw_pending(lease: Lease, why: str, *, releases_too: bool = False) -> None:

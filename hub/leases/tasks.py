@@ -83,3 +83,8 @@ def redispatch_commands() -> int:
 @shared_task(name="leases.end_leases_of_lost_hosts")
 def end_leases_of_lost_hosts() -> int:
     return len(services.end_leases_of_lost_hosts())
+
+
+@shared_task(name="leases.expire_due_leases")
+def expire_due_leases() -> int:
+    return len(services.expire_due_leases())

@@ -31,16 +31,18 @@ def _checksum(body: str) -> str:
     return _base62(zlib.crc32(body.encode("ascii")), _CHECKSUM_LEN)
 
 
-def generate_token() -> str:
+def generate_token(prefix: str = PREFIX) -> str:
+    """A new token; other credentials (renters' ``cgpr_`` API tokens) share the format with
+    their own five-character prefix."""
     body = "".join(secrets.choice(_ALPHABET) for _ in range(_RANDOM_LEN))
-    return f"{PREFIX}{body}{_checksum(body)}"
+    return f"{prefix}{body}{_checksum(body)}"
 
 
-def well_formed(token: str) -> bool:
+def well_formed(token: str, prefix: str = PREFIX) -> bool:
     """Prefix, length, alphabet and checksum all right (says nothing about validity)."""
-    if len(token) != TOKEN_LEN or not token.startswith(PREFIX):
+    if len(token) != len(prefix) + _RANDOM_LEN + _CHECKSUM_LEN or not token.startswith(prefix):
         return False
-    rest = token[len(PREFIX) :]
+    rest = token[len(prefix) :]
     if any(c not in _ALPHABET for c in rest):
         return False
     body, checksum = rest[:_RANDOM_LEN], rest[_RANDOM_LEN:]

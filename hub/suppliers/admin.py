@@ -8,7 +8,7 @@ the knobs that are theirs: a host's maintenance flag, a GPU's listing and price,
 from __future__ import annotations
 
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
 from hub.suppliers.models import AgentToken, Gpu, Host, HostTransition
@@ -17,7 +17,15 @@ from hub.suppliers.services import revoke_agent_token
 
 @admin.register(AgentToken)
 class AgentTokenAdmin(admin.ModelAdmin):
-    list_display = ("prefix", "name", "owner", "created_at", "last_used_at", "revoked_at")
+    list_display = (
+        "prefix",
+        "name",
+        "owner",
+        "hosts_count",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    )
     list_filter = (("revoked_at", admin.EmptyFieldListFilter), "created_at")
     list_select_related = ("owner",)
     search_fields = ("prefix", "name", "owner__username", "owner__email")
@@ -25,6 +33,13 @@ class AgentTokenAdmin(admin.ModelAdmin):
     fields = ("owner", "name", "prefix", "created_at", "last_used_at", "revoked_at")
     readonly_fields = ("owner", "prefix", "created_at", "last_used_at", "revoked_at")
     actions = ("revoke",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[AgentToken]:
+        return super().get_queryset(request).annotate(host_count=Count("hosts"))
+
+    @admin.display(description="hosts", ordering="host_count")
+    def hosts_count(self, token: AgentToken) -> int:
+        return token.host_count  # type: ignore[attr-defined]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         # A token is created by a service that shows its plaintext once; a form can't do that.
@@ -83,6 +98,7 @@ class HostAdmin(admin.ModelAdmin):
         "owner",
         "status",
         "maintenance",
+        "gpus_count",
         "runtime",
         "agent_version",
         "agent_up_to_date",
@@ -90,6 +106,25 @@ class HostAdmin(admin.ModelAdmin):
         "created_at",
     )
     list_filter = ("status", "maintenance", "runtime", "arch")
+    actions = ("drain", "undrain")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Host]:
+        return super().get_queryset(request).annotate(gpu_count=Count("gpus"))
+
+    @admin.display(description="GPUs", ordering="gpu_count")
+    def gpus_count(self, host: Host) -> int:
+        return host.gpu_count  # type: ignore[attr-defined]
+
+    @admin.action(description="Drain selected hosts (no new leases; running ones go on)")
+    def drain(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
+        # Compare-and-set: only hosts not drained yet count, however often an admin clicks.
+        drained = queryset.filter(maintenance=False).update(maintenance=True)
+        self.message_user(request, f"Drained {drained} host(s).", messages.SUCCESS)
+
+    @admin.action(description="Undrain selected hosts (take new leases again)")
+    def undrain(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
+        undrained = queryset.filter(maintenance=True).update(maintenance=False)
+        self.message_user(request, f"Undrained {undrained} host(s).", messages.SUCCESS)
 
     @admin.display(boolean=True, description="agent up to date")
     def agent_up_to_date(self, host: Host) -> bool:

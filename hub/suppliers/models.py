@@ -110,3 +110,23 @@ class HostTransition(models.Model):
 
     def __str__(self) -> str:
         return f"{self.host_id}: {self.from_status} -> {self.to_status}"
+
+
+class GpuSample(models.Model):
+    """A GPU's utilisation and memory at one telemetry write: the dashboard's sparklines.
+    Written with the host's stats (on change, or every stats interval), pruned after a day."""
+
+    RETENTION_HOURS = 24
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="samples")
+    at = models.DateTimeField()
+    utilization_pct = models.PositiveSmallIntegerField()
+    memory_used_bytes = models.BigIntegerField()
+    memory_total_bytes = models.BigIntegerField()
+
+    class Meta:
+        ordering = ["gpu_id", "at"]
+        indexes = [models.Index(fields=["gpu", "at"], name="gpusample_gpu_at_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_id} at {self.at:%H:%M:%S}: {self.utilization_pct}%"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -16,7 +17,7 @@ from django.utils import timezone
 from hub.accounts.models import User
 from hub.lib import tokens
 from hub.suppliers import liveness
-from hub.suppliers.models import AgentToken, Gpu, Host, HostTransition
+from hub.suppliers.models import AgentToken, Gpu, GpuSample, Host, HostTransition
 from supplier_agent.protocol import GpuState, Heartbeat, Register
 
 log = logging.getLogger(__name__)
@@ -237,6 +238,28 @@ def write_heartbeat_stats(host_id: int, message: Heartbeat) -> None:
                     "stats_updated_at",
                 ]
             )
+        _record_samples(gpus.values(), now)
+
+
+def _record_samples(gpus: Iterable[Gpu], now: datetime) -> None:
+    """One sparkline point per GPU per telemetry write; older than a day is dropped."""
+    samples = [
+        GpuSample(
+            gpu=gpu,
+            at=now,
+            utilization_pct=gpu.utilization_pct,
+            memory_used_bytes=gpu.memory_used_bytes,
+            memory_total_bytes=gpu.memory_total_bytes,
+        )
+        for gpu in gpus
+        if gpu.stats_updated_at == now
+    ]
+    if samples:
+        GpuSample.objects.bulk_create(samples)
+        GpuSample.objects.filter(
+            gpu__in=[s.gpu for s in samples],
+            at__lt=now - timedelta(hours=GpuSample.RETENTION_HOURS),
+        ).delete()
 
 
 @dataclass(frozen=True)
@@ -317,3 +340,42 @@ def mark_overdue_hosts_offline(now: datetime | None = None) -> list[int]:
                 went_offline.append(host_id)
         liveness.forget_if_overdue(host_id, now_ts)
     return went_offline
+
+
+# --- a supplier's own settings (dashboard) --------------------------------------------------------
+
+
+class SupplierError(Exception):
+    """A supplier's change was refused; the message is fit to show them."""
+
+
+MAX_PRICE_PER_HOUR_MICROS = 1_000 * 1_000_000
+
+
+def set_gpu_terms(
+    gpu_id: int, *, price_per_hour_micros: int | None = None, listed: bool | None = None
+) -> Gpu:
+    """A GPU's hourly price and whether it is for rent. Running leases keep the price they
+    started with (hub/billing); only new rentals see the change."""
+    if price_per_hour_micros is not None and not (
+        0 <= price_per_hour_micros <= MAX_PRICE_PER_HOUR_MICROS
+    ):
+        raise SupplierError("the price must be between $0 and $1,000 per hour")
+    with transaction.atomic():
+        gpu = Gpu.objects.select_for_update(no_key=True).get(pk=gpu_id)
+        fields = []
+        if price_per_hour_micros is not None:
+            gpu.price_per_hour_micros = price_per_hour_micros
+            fields.append("price_per_hour_micros")
+        if listed is not None:
+            gpu.listed = listed
+            fields.append("listed")
+        if fields:
+            gpu.save(update_fields=fields)
+    return gpu
+
+
+def set_host_maintenance(host_id: int, maintenance: bool) -> Host:
+    """In maintenance a host takes no new rentals; running ones go on."""
+    Host.objects.filter(pk=host_id).update(maintenance=maintenance)
+    return Host.objects.get(pk=host_id)

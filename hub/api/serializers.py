@@ -1,0 +1,250 @@
+"""What the API reads and writes. Every response is one of these, so the OpenAPI schema at
+/api/schema/ describes exactly what is sent. Money is integer micros next to a formatted string."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from hub.billing.models import LedgerEntry
+from hub.billing.money import format_micros
+from hub.catalog.offers import SORTS
+from hub.leases.models import Lease
+from hub.tunnels import services as tunnels
+from hub.tunnels.models import Tunnel
+from supplier_agent.protocol import MAX_ENV_VARS, MAX_GPUS_PER_LEASE, MAX_PORTS
+
+
+class FormattedMoneyField(serializers.Field):
+    """The formatted form of an integer micros attribute, read-only."""
+
+    def __init__(self, *, cents: bool = False, **kwargs: Any) -> None:
+        self.cents = cents
+        kwargs["read_only"] = True
+        super().__init__(**kwargs)
+
+    def to_representation(self, value: int) -> str:
+        return format_micros(value, cents=self.cents)
+
+
+extend_schema_field({"type": "string", "example": "$1.500000"})(FormattedMoneyField)
+
+
+class ErrorSerializer(serializers.Serializer):
+    detail = serializers.CharField(help_text="What went wrong, fit to show a person.")
+    errors = serializers.DictField(
+        required=False,
+        child=serializers.JSONField(),
+        help_text="Bad input only: DRF's messages per field.",
+    )
+
+
+# --- API tokens ---------------------------------------------------------------------------------
+
+
+class ApiTokenSerializer(serializers.Serializer):
+    id = serializers.IntegerField(read_only=True)
+    name = serializers.CharField(read_only=True)
+    prefix = serializers.CharField(read_only=True, help_text="The token's visible start.")
+    created_at = serializers.DateTimeField(read_only=True)
+    last_used_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    revoked_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    active = serializers.BooleanField(read_only=True)
+
+
+class ApiTokenCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
+
+
+class ApiTokenCreatedSerializer(ApiTokenSerializer):
+    token = serializers.CharField(
+        read_only=True, help_text="The token itself, shown this once: it is not stored."
+    )
+
+
+# --- catalogue ----------------------------------------------------------------------------------
+
+
+class OfferQuerySerializer(serializers.Serializer):
+    model = serializers.CharField(
+        required=False, allow_blank=True, max_length=255, help_text="Part of the GPU's name."
+    )
+    min_vram_gib = serializers.IntegerField(required=False, min_value=0, max_value=1 << 20)
+    max_price = serializers.DecimalField(
+        required=False,
+        max_digits=12,
+        decimal_places=6,
+        min_value=0,
+        help_text="Highest price per hour, in units (e.g. 1.50).",
+    )
+    sort = serializers.ChoiceField(choices=list(SORTS), required=False, default="price")
+
+
+class OfferSerializer(serializers.Serializer):
+    gpu_id = serializers.IntegerField(help_text="Pass it in `gpu_ids` to rent this GPU.")
+    host_id = serializers.IntegerField()
+    hostname = serializers.CharField()
+    gpu_index = serializers.IntegerField()
+    model = serializers.CharField()
+    vram_bytes = serializers.IntegerField()
+    price_per_hour_micros = serializers.IntegerField()
+    price_per_hour = FormattedMoneyField(source="price_per_hour_micros", cents=True)
+    utilization_pct = serializers.IntegerField()
+    uptime_7d = serializers.FloatField(help_text="The host's share of the last 7 days online.")
+
+
+class TemplateSerializer(serializers.Serializer):
+    slug = serializers.SlugField()
+    name = serializers.CharField()
+    description = serializers.CharField()
+    image = serializers.CharField()
+    ports = serializers.ListField(child=serializers.IntegerField())
+    env = serializers.DictField(child=serializers.CharField())
+    command = serializers.ListField(child=serializers.CharField(), allow_null=True)
+    min_vram_bytes = serializers.IntegerField()
+
+
+# --- leases -------------------------------------------------------------------------------------
+
+
+class LeaseCreateSerializer(serializers.Serializer):
+    gpu_ids = serializers.ListField(
+        child=serializers.IntegerField(min_value=1),
+        required=False,
+        min_length=1,
+        max_length=MAX_GPUS_PER_LEASE,
+        help_text="Offers' `gpu_id`s, all on one host. Or give `host_id` and `gpu_indices`.",
+    )
+    host_id = serializers.IntegerField(required=False, min_value=1)
+    gpu_indices = serializers.ListField(
+        child=serializers.IntegerField(min_value=0, max_value=MAX_GPUS_PER_LEASE - 1),
+        required=False,
+        min_length=1,
+        max_length=MAX_GPUS_PER_LEASE,
+    )
+    template = serializers.SlugField(
+        required=False, max_length=64, help_text="A listed template's slug."
+    )
+    image = serializers.CharField(
+        required=False, max_length=512, help_text="A custom image, or overrides the template's."
+    )
+    ports = serializers.ListField(
+        child=serializers.IntegerField(),
+        required=False,
+        max_length=MAX_PORTS,
+        help_text="Container ports that get a URL each (1-65535); overrides the template's.",
+    )
+    env = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False, max_length=4096),
+        required=False,
+        help_text=f"Added to the template's; at most {MAX_ENV_VARS} variables.",
+    )
+    command = serializers.ListField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False, max_length=4096),
+        required=False,
+        allow_null=True,
+        max_length=256,
+    )
+    access_protected = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="URLs need the lease's access token (POST /leases/{id}/access-token/).",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        by_id = "gpu_ids" in attrs
+        by_index = "host_id" in attrs or "gpu_indices" in attrs
+        if by_id == by_index:
+            raise serializers.ValidationError(
+                "choose GPUs either by `gpu_ids` (from the offers) or by `host_id` and"
+                " `gpu_indices`"
+            )
+        if by_index and not ("host_id" in attrs and "gpu_indices" in attrs):
+            raise serializers.ValidationError("`host_id` and `gpu_indices` go together")
+        if not attrs.get("template") and not attrs.get("image"):
+            raise serializers.ValidationError("choose a `template` or give an `image`")
+        return attrs
+
+
+class LeaseGpuSerializer(serializers.Serializer):
+    gpu_id = serializers.IntegerField(source="gpu.pk")
+    index = serializers.IntegerField(source="gpu.index")
+    model = serializers.CharField(source="gpu.name")
+
+
+class LeaseUrlSerializer(serializers.Serializer):
+    port = serializers.IntegerField(source="container_port")
+    url = serializers.SerializerMethodField()
+    state = serializers.ChoiceField(choices=Tunnel.State.choices)
+    detail = serializers.CharField()
+
+    @extend_schema_field(serializers.URLField(allow_null=True))
+    def get_url(self, tunnel: Tunnel) -> str | None:
+        return tunnels.public_url(tunnel) if settings.TUNNEL_DOMAIN else None
+
+
+class LeaseSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    state = serializers.ChoiceField(choices=Lease.State.choices)
+    end_reason = serializers.ChoiceField(
+        choices=[("", ""), *Lease.EndReason.choices], help_text="Empty while it runs."
+    )
+    failure_reason = serializers.CharField(help_text="Why it never ran, in words; or empty.")
+    host_id = serializers.IntegerField()
+    hostname = serializers.CharField(source="host.hostname")
+    gpus = LeaseGpuSerializer(source="lease_gpus.all", many=True)
+    image = serializers.CharField()
+    ports = serializers.ListField(child=serializers.IntegerField())
+    command = serializers.ListField(child=serializers.CharField(), allow_null=True)
+    access_protected = serializers.BooleanField()
+    urls = LeaseUrlSerializer(source="tunnels.all", many=True, help_text="One per declared port.")
+    warnings = serializers.ListField(child=serializers.CharField())
+    price_per_hour_micros = serializers.IntegerField()
+    price_per_hour = FormattedMoneyField(source="price_per_hour_micros", cents=True)
+    cost_micros = serializers.IntegerField(help_text="Charged so far (the ledger's rows).")
+    cost = FormattedMoneyField(source="cost_micros")
+    created_at = serializers.DateTimeField()
+    running_since = serializers.DateTimeField(allow_null=True)
+    ended_at = serializers.DateTimeField(allow_null=True)
+
+
+class LeaseLogsSerializer(serializers.Serializer):
+    lease_id = serializers.UUIDField(source="id")
+    state = serializers.ChoiceField(choices=Lease.State.choices)
+    log_tail = serializers.CharField(
+        help_text="The last lines the hub received from the agent (when the container exited"
+        " or failed). Live logs are not streamed yet: this is a snapshot, often empty while"
+        " the container runs."
+    )
+    streamed = serializers.BooleanField(help_text="Always false: live streaming is not built yet.")
+
+
+class AccessTokenSerializer(serializers.Serializer):
+    token = serializers.CharField(help_text="Send it to the lease's URLs.")
+    header = serializers.CharField(help_text="Header that may carry the token.")
+    cookie = serializers.CharField(help_text="Cookie that may carry the token.")
+    expires_in_s = serializers.IntegerField(help_text="Or when the lease ends, if earlier.")
+    urls = LeaseUrlSerializer(many=True)
+
+
+# --- account ------------------------------------------------------------------------------------
+
+
+class LedgerRowSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    kind = serializers.ChoiceField(choices=LedgerEntry.Kind.choices)
+    amount_micros = serializers.IntegerField(help_text="Negative for charges.")
+    amount = FormattedMoneyField(source="amount_micros")
+    lease_id = serializers.UUIDField(allow_null=True)
+    reason = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class AccountSerializer(serializers.Serializer):
+    username = serializers.CharField()
+    balance_micros = serializers.IntegerField()
+    balance = FormattedMoneyField(source="balance_micros")
+    ledger = LedgerRowSerializer(many=True, help_text="The most recent rows, newest first.")

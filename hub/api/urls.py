@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from hub.api import views
+
+app_name = "api"
+
+v1 = [
+    path("offers/", views.OfferList.as_view(), name="offers"),
+    path("templates/", views.TemplateList.as_view(), name="templates"),
+    path("templates/<slug:slug>/", views.TemplateDetail.as_view(), name="template"),
+    path("leases/", views.LeaseList.as_view(), name="leases"),
+    path("leases/<uuid:pk>/", views.LeaseDetail.as_view(), name="lease"),
+    path("leases/<uuid:pk>/stop/", views.LeaseStop.as_view(), name="lease-stop"),
+    path("leases/<uuid:pk>/logs/", views.LeaseLogs.as_view(), name="lease-logs"),
+    path(
+        "leases/<uuid:pk>/access-token/",
+        views.LeaseAccessToken.as_view(),
+        name="lease-access-token",
+    ),
+    path("account/", views.Account.as_view(), name="account"),
+    path("tokens/", views.ApiTokenList.as_view(), name="tokens"),
+    path("tokens/<int:pk>/", views.ApiTokenDetail.as_view(), name="token"),
+]
+
+urlpatterns = [
+    path("v1/", include(v1)),
+    # The schema and its docs page are public: they describe, they hold no data.
+    path(
+        "schema/",
+        SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),
+        name="schema",
+    ),
+    path(
+        "docs/",
+        SpectacularSwaggerView.as_view(
+            url_name="api:schema", authentication_classes=[], permission_classes=[]
+        ),
+        name="docs",
+    ),
+]

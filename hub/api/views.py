@@ -1,0 +1,293 @@
+"""The renter's REST API, v1. Views are thin: they check input with a serializer, call one
+service, and answer with a serializer. Another renter's objects answer 404, never 403, so that
+an id reveals nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db.models import OuterRef, QuerySet, Subquery, Sum, Value
+from django.db.models.functions import Coalesce
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import generics, status
+from rest_framework.exceptions import ValidationError
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from hub.accounts import api_tokens
+from hub.accounts.models import ApiToken
+from hub.api import serializers as s
+from hub.billing import services as billing
+from hub.billing.models import LedgerEntry
+from hub.billing.money import micros_from_units
+from hub.catalog import offers
+from hub.catalog.models import Template
+from hub.catalog.services import lease_spec
+from hub.leases import services as leases
+from hub.leases.models import Lease
+from hub.suppliers.models import Gpu, Host
+from hub.tunnels import access
+
+GIB = 1 << 30
+LEDGER_ROWS = 20
+
+ERRORS = {
+    400: OpenApiResponse(s.ErrorSerializer, description="Bad input, or the service refused."),
+    401: OpenApiResponse(s.ErrorSerializer, description="No valid credentials."),
+}
+NOT_FOUND = {404: OpenApiResponse(s.ErrorSerializer, description="Not found (or not yours).")}
+AUTH_ONLY = {401: ERRORS[401]}
+
+
+# --- tokens -------------------------------------------------------------------------------------
+
+
+class ApiTokenList(APIView):
+    @extend_schema(
+        summary="Your API tokens, newest first (revoked ones too)",
+        responses={200: s.ApiTokenSerializer(many=True), **AUTH_ONLY},
+    )
+    def get(self, request: Request) -> Response:
+        tokens = ApiToken.objects.filter(user=request.user)
+        return Response(s.ApiTokenSerializer(tokens, many=True).data)
+
+    @extend_schema(
+        summary="Create an API token (its plaintext is shown this once)",
+        request=s.ApiTokenCreateSerializer,
+        responses={201: s.ApiTokenCreatedSerializer, **ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        data = _valid(s.ApiTokenCreateSerializer, request.data)
+        token, plaintext = api_tokens.create_api_token(request.user, data["name"])
+        token.token = plaintext  # type: ignore[attr-defined]
+        return Response(s.ApiTokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
+
+
+class ApiTokenDetail(APIView):
+    @extend_schema(
+        summary="Revoke an API token (requests with it fail from now on)",
+        responses={204: None, **AUTH_ONLY, **NOT_FOUND},
+    )
+    def delete(self, request: Request, pk: int) -> Response:
+        token = get_object_or_404(ApiToken, pk=pk, user=request.user)
+        api_tokens.revoke_api_token(request.user, token.pk)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# --- catalogue ----------------------------------------------------------------------------------
+
+
+class OfferList(APIView):
+    @extend_schema(
+        summary="GPUs that can be rented right now",
+        parameters=[s.OfferQuerySerializer],
+        responses={200: s.OfferSerializer(many=True), **ERRORS},
+    )
+    def get(self, request: Request) -> Response:
+        query = _valid(s.OfferQuerySerializer, request.query_params)
+        max_price = query.get("max_price")
+        found = offers.list_offers(
+            model=query.get("model", ""),
+            min_vram_bytes=query.get("min_vram_gib", 0) * GIB,
+            max_price_micros=None if max_price is None else micros_from_units(max_price),
+            sort=query["sort"],
+        )
+        return Response(s.OfferSerializer(found, many=True).data)
+
+
+class TemplateList(APIView):
+    @extend_schema(
+        summary="Templates in the catalogue",
+        responses={200: s.TemplateSerializer(many=True), **AUTH_ONLY},
+    )
+    def get(self, request: Request) -> Response:
+        templates = Template.objects.filter(listed=True)
+        return Response(s.TemplateSerializer(templates, many=True).data)
+
+
+class TemplateDetail(APIView):
+    @extend_schema(
+        summary="One template",
+        responses={200: s.TemplateSerializer, **AUTH_ONLY, **NOT_FOUND},
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        template = get_object_or_404(Template, slug=slug, listed=True)
+        return Response(s.TemplateSerializer(template).data)
+
+
+# --- leases -------------------------------------------------------------------------------------
+
+
+def renters_leases(request: Request) -> QuerySet[Lease]:
+    charged = (
+        LedgerEntry.objects.filter(
+            lease=OuterRef("pk"), account=OuterRef("renter"), kind=LedgerEntry.Kind.CHARGE
+        )
+        .values("lease")
+        .annotate(total=Sum("amount_micros"))
+        .values("total")[:1]
+    )
+    return (
+        Lease.objects.filter(renter=request.user)
+        .select_related("host")
+        .prefetch_related("lease_gpus__gpu", "tunnels")
+        # Charges are negative ledger rows: the cost so far is their sum, negated.
+        .annotate(cost_micros=-Coalesce(Subquery(charged), Value(0)))
+    )
+
+
+class LeasePagination(LimitOffsetPagination):
+    default_limit = 50
+    max_limit = 200
+
+
+class LeaseList(generics.GenericAPIView):
+    pagination_class = LeasePagination
+    serializer_class = s.LeaseSerializer
+
+    def get_queryset(self) -> QuerySet[Lease]:
+        return renters_leases(self.request)
+
+    @extend_schema(
+        summary="Your leases, newest first",
+        responses={200: s.LeaseSerializer(many=True), **AUTH_ONLY},
+    )
+    def get(self, request: Request) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(s.LeaseSerializer(page, many=True).data)
+
+    @extend_schema(
+        summary="Rent GPUs: start a lease",
+        description=(
+            "Choose GPUs by the offers' `gpu_ids`, or by `host_id` and `gpu_indices`; choose"
+            " what runs by a `template` slug and/or a custom `image` (with `ports`, `env`,"
+            " `command`). Refusals (GPU just taken, host offline, out of funds, bad image) are"
+            " 400 with a `detail` to show the renter."
+        ),
+        request=s.LeaseCreateSerializer,
+        responses={201: s.LeaseSerializer, **ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        data = _valid(s.LeaseCreateSerializer, request.data)
+        host, gpu_indices = _chosen_gpus(data)
+        template = None
+        if data.get("template"):
+            template = Template.objects.filter(slug=data["template"], listed=True).first()
+            if template is None:
+                raise ValidationError({"template": [f"no template {data['template']!r}"]})
+        spec = lease_spec(
+            template,
+            image=data.get("image"),
+            ports=data.get("ports"),
+            env=data.get("env"),
+            command=data.get("command"),
+            access_protected=data["access_protected"],
+        )
+        lease = leases.start_lease(request.user, host, gpu_indices, spec)
+        return Response(
+            s.LeaseSerializer(renters_leases(request).get(pk=lease.pk)).data,
+            status=status.HTTP_201_CREATED,
+        )
+
+
+def _chosen_gpus(data: dict[str, Any]) -> tuple[Host, list[int]]:
+    if "gpu_ids" in data:
+        ids = data["gpu_ids"]
+        if len(set(ids)) != len(ids):
+            raise ValidationError({"gpu_ids": ["a GPU is listed twice"]})
+        gpus = list(Gpu.objects.select_related("host").filter(pk__in=ids))
+        missing = sorted(set(ids) - {g.pk for g in gpus})
+        if missing:
+            raise ValidationError({"gpu_ids": [f"no GPU with id {missing[0]}"]})
+        if len({g.host_id for g in gpus}) != 1:
+            raise ValidationError({"gpu_ids": ["the GPUs of one lease must be on one host"]})
+        return gpus[0].host, [g.index for g in gpus]
+    host = Host.objects.filter(pk=data["host_id"]).first()
+    if host is None:
+        raise ValidationError({"host_id": [f"no host with id {data['host_id']}"]})
+    return host, list(data["gpu_indices"])
+
+
+class LeaseDetail(APIView):
+    @extend_schema(
+        summary="One lease: state, URLs, cost so far",
+        responses={200: s.LeaseSerializer, **AUTH_ONLY, **NOT_FOUND},
+    )
+    def get(self, request: Request, pk: str) -> Response:
+        return Response(s.LeaseSerializer(get_object_or_404(renters_leases(request), pk=pk)).data)
+
+
+class LeaseStop(APIView):
+    @extend_schema(
+        summary="Stop a lease (the container is removed; billing stops when it has ended)",
+        request=None,
+        responses={200: s.LeaseSerializer, **AUTH_ONLY, **NOT_FOUND},
+    )
+    def post(self, request: Request, pk: str) -> Response:
+        lease = get_object_or_404(renters_leases(request), pk=pk)
+        leases.release_lease(lease.pk, Lease.EndReason.RENTER_STOP)
+        return Response(s.LeaseSerializer(renters_leases(request).get(pk=lease.pk)).data)
+
+
+class LeaseLogs(APIView):
+    @extend_schema(
+        summary="What the hub has of a lease's logs (not streamed live yet)",
+        description=(
+            "Live logs are not streamed yet: this returns the tail of the container's output"
+            " that the agent last reported to the hub (when the container exited or failed)."
+        ),
+        responses={200: s.LeaseLogsSerializer, **AUTH_ONLY, **NOT_FOUND},
+    )
+    def get(self, request: Request, pk: str) -> Response:
+        lease = get_object_or_404(Lease.objects.filter(renter=request.user), pk=pk)
+        lease.streamed = False  # type: ignore[attr-defined]
+        return Response(s.LeaseLogsSerializer(lease).data)
+
+
+class LeaseAccessToken(APIView):
+    @extend_schema(
+        summary="An access token for a protected lease's URLs",
+        request=None,
+        responses={200: s.AccessTokenSerializer, **ERRORS, **NOT_FOUND},
+    )
+    def post(self, request: Request, pk: str) -> Response:
+        lease = get_object_or_404(renters_leases(request), pk=pk)
+        if not lease.access_protected:
+            raise leases.LeaseError("this lease's URLs are not protected: they need no token")
+        if not lease.active:
+            raise leases.LeaseError("this lease has ended: its URLs are closed")
+        body = {
+            "token": access.issue(lease.pk),
+            "header": access.HEADER,
+            "cookie": access.COOKIE,
+            "expires_in_s": settings.TUNNEL_ACCESS_TOKEN_MAX_AGE_S,
+            "urls": lease.tunnels.all(),
+        }
+        return Response(s.AccessTokenSerializer(body).data)
+
+
+# --- account ------------------------------------------------------------------------------------
+
+
+class Account(APIView):
+    @extend_schema(
+        summary="Your balance and recent ledger rows",
+        responses={200: s.AccountSerializer, **AUTH_ONLY},
+    )
+    def get(self, request: Request) -> Response:
+        body = {
+            "username": request.user.get_username(),
+            "balance_micros": billing.balance_micros(request.user),
+            "ledger": LedgerEntry.objects.filter(account=request.user)[:LEDGER_ROWS],
+        }
+        return Response(s.AccountSerializer(body).data)
+
+
+def _valid(serializer_class: type[Any], data: Any) -> dict[str, Any]:
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data

@@ -1,0 +1,92 @@
+"""The fleet at a glance, for staff: what is online, what is rented, what is stuck."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db.models import Count, Exists, OuterRef, Q
+from django.utils import timezone
+
+from hub.leases.models import Command, Lease, LeaseGpu
+from hub.suppliers.models import Gpu, Host
+
+# "Recently" for failed commands and finished leases.
+RECENT = timedelta(hours=24)
+TABLE_ROWS = 20
+
+
+@dataclass(frozen=True)
+class Fleet:
+    hosts_online: int
+    hosts_offline: int
+    hosts_in_maintenance: int
+    gpus_total: int  # present GPUs
+    gpus_leased: int
+    gpus_free: int  # rentable now: listed, present, host online and not drained, not leased
+    gpus_unavailable: int  # present but neither leased nor rentable
+    leases_by_state: dict[str, int]  # active states now; ended/failed within RECENT
+    commands_failed_recently: int
+    commands_overdue: int
+    offline_hosts: list[Host]
+    failed_commands: list[Command]
+    overdue_commands: list[Command]
+    now: datetime
+
+
+def fleet_summary(now: datetime | None = None) -> Fleet:
+    now = now or timezone.now()
+    since = now - RECENT
+    hosts = Host.objects.aggregate(
+        online=Count("pk", filter=Q(status=Host.Status.ONLINE)),
+        offline=Count("pk", filter=Q(status=Host.Status.OFFLINE)),
+        maintenance=Count("pk", filter=Q(maintenance=True)),
+    )
+    is_leased = Exists(LeaseGpu.objects.filter(gpu=OuterRef("pk"), active=True))
+    gpus = Gpu.objects.filter(present=True).aggregate(
+        total=Count("pk"),
+        leased=Count("pk", filter=Q(is_leased)),
+        free=Count(
+            "pk",
+            filter=Q(
+                ~is_leased,
+                listed=True,
+                host__status=Host.Status.ONLINE,
+                host__maintenance=False,
+            ),
+        ),
+    )
+    by_state = {state: 0 for state in Lease.State.values}
+    rows = (
+        Lease.objects.filter(
+            Q(state__in=Lease.ACTIVE_STATES)
+            | Q(state__in=[Lease.State.ENDED, Lease.State.FAILED], ended_at__gte=since)
+        )
+        .values_list("state")
+        .annotate(n=Count("pk"))
+    )
+    by_state.update(dict(rows))
+    failed = Command.objects.filter(state=Command.State.FAILED, created_at__gte=since)
+    overdue = Command.objects.filter(
+        state__in=[Command.State.QUEUED, Command.State.SENT], deadline__lt=now
+    )
+    return Fleet(
+        hosts_online=hosts["online"],
+        hosts_offline=hosts["offline"],
+        hosts_in_maintenance=hosts["maintenance"],
+        gpus_total=gpus["total"],
+        gpus_leased=gpus["leased"],
+        gpus_free=gpus["free"],
+        gpus_unavailable=gpus["total"] - gpus["leased"] - gpus["free"],
+        leases_by_state=by_state,
+        commands_failed_recently=failed.count(),
+        commands_overdue=overdue.count(),
+        offline_hosts=list(
+            Host.objects.filter(status=Host.Status.OFFLINE)
+            .select_related("owner")
+            .order_by("-last_seen_at", "pk")[:TABLE_ROWS]
+        ),
+        failed_commands=list(failed.select_related("host").order_by("-created_at")[:TABLE_ROWS]),
+        overdue_commands=list(overdue.select_related("host").order_by("deadline")[:TABLE_ROWS]),
+        now=now,
+    )

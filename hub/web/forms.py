@@ -1,0 +1,212 @@
+"""Dashboard forms: sign-up and log-in, renting, and a supplier's GPU terms."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from django import forms
+from django.contrib.auth import get_user_model
+from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
+
+from hub.billing.money import micros_from_units
+from hub.catalog.models import Template
+from hub.catalog.services import lease_spec
+from hub.leases.services import LeaseError, LeaseSpec
+from hub.web import ratelimit
+
+GIB = 1 << 30
+MAX_KEEP_ALIVE_HOURS = 24 * 30
+
+
+class SignUpForm(UserCreationForm):
+    class Meta(UserCreationForm.Meta):
+        model = get_user_model()
+        fields = ("username", "email")
+
+
+class RateLimitedLoginForm(AuthenticationForm):
+    """Django's login form, refusing early once a username has failed too often from one
+    address (the counter lives in the shared cache, see hub/web/ratelimit.py)."""
+
+    error_messages = {
+        **AuthenticationForm.error_messages,
+        "rate_limited": (
+            "Too many failed log-in attempts for this username from your address. "
+            "Wait 15 minutes and try again."
+        ),
+    }
+
+    def clean(self) -> dict[str, Any]:
+        username = self.data.get("username", "")
+        address = ratelimit.client_address(self.request) if self.request else "unknown"
+        if ratelimit.blocked(username, address):
+            raise forms.ValidationError(self.error_messages["rate_limited"], code="rate_limited")
+        try:
+            cleaned = super().clean()
+        except forms.ValidationError:
+            ratelimit.record_failure(username, address)
+            raise
+        ratelimit.clear(username, address)
+        return cleaned
+
+
+def _parse_ports(text: str) -> list[Any]:
+    ports: list[Any] = []
+    for part in text.replace(",", " ").split():
+        try:
+            ports.append(int(part))
+        except ValueError:
+            raise forms.ValidationError(f"{part!r} is not a port number") from None
+    return ports
+
+
+def _parse_env(text: str) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        if not sep or not name.strip():
+            raise forms.ValidationError(f"line {n} is not NAME=value")
+        env[name.strip()] = value
+    return env
+
+
+class RentForm(forms.Form):
+    template = forms.ModelChoiceField(
+        queryset=Template.objects.filter(listed=True),
+        required=False,
+        empty_label="Custom image",
+    )
+    image = forms.CharField(
+        required=False,
+        max_length=512,
+        help_text="For a custom image, e.g. pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime",
+    )
+    ports = forms.CharField(
+        required=False,
+        max_length=200,
+        help_text="Container ports that get a URL each, e.g. 8888, 7860. Empty: the template's.",
+    )
+    env = forms.CharField(
+        required=False,
+        label="Environment",
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "NAME=value, one a line"}),
+    )
+    command = forms.CharField(
+        required=False,
+        max_length=2000,
+        help_text="As you would type it in a shell, e.g. python -m http.server 8888",
+    )
+    keep_alive_hours = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=MAX_KEEP_ALIVE_HOURS,
+        label="Stop automatically after (hours)",
+        help_text="Empty: runs until you stop it or your balance runs out.",
+    )
+    access_protected = forms.BooleanField(
+        required=False,
+        label="Protect the URLs with an access token",
+        help_text="The token is shown once, on the rental's page.",
+    )
+
+    def clean_ports(self) -> list[Any] | None:
+        text = self.cleaned_data["ports"].strip()
+        return _parse_ports(text) if text else None
+
+    def clean_env(self) -> dict[str, str]:
+        return _parse_env(self.cleaned_data["env"])
+
+    def clean_command(self) -> list[str] | None:
+        text = self.cleaned_data["command"].strip()
+        if not text:
+            return None
+        try:
+            return shlex.split(text)
+        except ValueError as exc:
+            raise forms.ValidationError(f"the command cannot be read: {exc}") from None
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        if self.errors:
+            return cleaned
+        template = cleaned.get("template")
+        image = cleaned.get("image", "").strip()
+        if template is None and not image:
+            raise forms.ValidationError("Choose a template, or give an image for a custom one.")
+        try:
+            spec = lease_spec(
+                template,
+                image=image or None,
+                ports=cleaned.get("ports"),
+                env=cleaned.get("env") or {},
+                command=cleaned.get("command"),
+                access_protected=bool(cleaned.get("access_protected")),
+            )
+        except LeaseError as exc:
+            raise forms.ValidationError(_sentence(str(exc))) from None
+        hours = cleaned.get("keep_alive_hours")
+        if hours:
+            spec = dataclasses.replace(spec, stop_after=timedelta(hours=hours))
+        cleaned["spec"] = spec
+        return cleaned
+
+    @property
+    def spec(self) -> LeaseSpec:
+        return self.cleaned_data["spec"]
+
+
+def _sentence(text: str) -> str:
+    text = text.strip()
+    return (text[:1].upper() + text[1:]).rstrip(".") + "." if text else text
+
+
+class OfferFilterForm(forms.Form):
+    SORTS = [
+        ("price", "Price, lowest first"),
+        ("-price", "Price, highest first"),
+        ("vram", "Most VRAM"),
+        ("model", "Model"),
+    ]
+    model = forms.CharField(required=False, max_length=100, label="Model")
+    min_vram_gib = forms.IntegerField(required=False, min_value=0, label="Min VRAM (GiB)")
+    max_price = forms.DecimalField(
+        required=False, min_value=0, decimal_places=6, label="Max price ($/h)"
+    )
+    sort = forms.ChoiceField(choices=SORTS, required=False)
+
+    def filters(self) -> dict[str, Any]:
+        data = self.cleaned_data if self.is_valid() else {}
+        max_price = data.get("max_price")
+        return {
+            "model": (data.get("model") or "").strip(),
+            "min_vram_bytes": (data.get("min_vram_gib") or 0) * GIB,
+            "max_price_micros": micros_from_units(max_price) if max_price is not None else None,
+            "sort": data.get("sort") or "price",
+        }
+
+
+class GpuTermsForm(forms.Form):
+    price = forms.DecimalField(
+        min_value=Decimal(0),
+        max_value=Decimal(1000),
+        decimal_places=6,
+        label="Price per GPU-hour ($)",
+    )
+    listed = forms.BooleanField(required=False, label="For rent")
+
+    @property
+    def price_micros(self) -> int:
+        return micros_from_units(self.cleaned_data["price"])
+
+
+class TokenForm(forms.Form):
+    name = forms.CharField(
+        required=False, max_length=100, help_text="To tell your tokens apart, e.g. rig-3"
+    )

@@ -1,0 +1,66 @@
+// The dashboard's live updates: one WebSocket per page (hub/web/consumers.py) sends the
+// signed-in person's lease and host states; this refreshes the fragments that show them.
+// Fragments opt in with data-live-lease="<id>", data-live-host="<id>" or data-live-hosts and
+// an hx-get plus hx-trigger="cloudgpu:refresh"; state badges with data-lease-badge="<id>".
+(function () {
+  "use strict";
+  var path = document.body.getAttribute("data-live");
+  if (!path || !window.WebSocket) return;
+  var previous = null;
+  var retryMs = 1000;
+  var dot = document.getElementById("live-dot");
+
+  function refresh(selector) {
+    document.querySelectorAll(selector).forEach(function (el) {
+      if (window.htmx) window.htmx.trigger(el, "cloudgpu:refresh");
+    });
+  }
+
+  function apply(snapshot) {
+    var first = previous === null;
+    var old = previous || { leases: {}, hosts: {} };
+    Object.keys(snapshot.leases).forEach(function (id) {
+      var lease = snapshot.leases[id];
+      document.querySelectorAll('[data-lease-badge="' + id + '"]').forEach(function (el) {
+        el.textContent = lease.state;
+        el.setAttribute("data-state", lease.state);
+      });
+      // The first picture may already differ from what the page was rendered with.
+      if (first || !old.leases[id] || old.leases[id].sig !== lease.sig) {
+        refresh('[data-live-lease="' + id + '"]');
+      }
+    });
+    var oldIds = Object.keys(old.hosts).sort().join(",");
+    var newIds = Object.keys(snapshot.hosts).sort().join(",");
+    if (first || oldIds !== newIds) {
+      refresh("[data-live-hosts]");
+    } else {
+      Object.keys(snapshot.hosts).forEach(function (id) {
+        if (old.hosts[id].sig !== snapshot.hosts[id].sig) {
+          refresh('[data-live-host="' + id + '"]');
+        }
+      });
+    }
+    previous = snapshot;
+  }
+
+  function connect() {
+    var scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    var socket = new WebSocket(scheme + location.host + path);
+    socket.onopen = function () {
+      retryMs = 1000;
+      if (dot) { dot.classList.add("on"); dot.title = "live updates on"; }
+    };
+    socket.onmessage = function (event) {
+      var message = JSON.parse(event.data);
+      if (message.type === "snapshot") apply(message);
+    };
+    socket.onclose = function () {
+      if (dot) { dot.classList.remove("on"); dot.title = "live updates reconnecting"; }
+      previous = null;
+      setTimeout(connect, retryMs);
+      retryMs = Math.min(retryMs * 2, 30000);
+    };
+  }
+  connect();
+})();

@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+from django.contrib.auth.views import LogoutView
+from django.urls import path
+
+from hub.web.views import accounts, renter, supplier
+
+app_name = "web"
+
+urlpatterns = [
+    path("signup/", accounts.signup, name="signup"),
+    path("login/", accounts.RateLimitedLoginView.as_view(), name="login"),
+    path("logout/", LogoutView.as_view(), name="logout"),
+    path("offers/", renter.offers, name="offers"),
+    path("rent/<int:gpu_id>/", renter.rent, name="rent"),
+    path("leases/", renter.lease_list, name="leases"),
+    path("leases/<uuid:lease_id>/", renter.lease_detail, name="lease"),
+    path("leases/<uuid:lease_id>/panel/", renter.lease_panel, name="lease-panel"),
+    path("leases/<uuid:lease_id>/stop/", renter.lease_stop, name="lease-stop"),
+    path("usage/", renter.usage, name="usage"),
+    path("supplier/hosts/", supplier.hosts, name="hosts"),
+    path("supplier/hosts/panel/", supplier.hosts_panel, name="hosts-panel"),
+    path("supplier/hosts/<int:host_id>/status/", supplier.host_status, name="host-status"),
+    path(
+        "supplier/hosts/<int:host_id>/maintenance/",
+        supplier.host_maintenance,
+        name="host-maintenance",
+    ),
+    path("supplier/gpus/<int:gpu_id>/", supplier.gpu_terms, name="gpu-terms"),
+    path("supplier/tokens/", supplier.tokens, name="tokens"),
+    path("supplier/tokens/<int:token_id>/revoke/", supplier.token_revoke, name="token-revoke"),
+    path("supplier/earnings/", supplier.earnings, name="earnings"),
+]

@@ -1,0 +1,19 @@
+"""The front page: what the market has right now, and where to go next."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from hub.catalog.offers import list_offers
+
+
+@require_GET
+def home(request: HttpRequest) -> HttpResponse:
+    offers = list_offers()
+    return render(
+        request,
+        "home.html",
+        {"offer_count": len(offers), "cheapest": offers[0] if offers else None},
+    )

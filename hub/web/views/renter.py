@@ -1,0 +1,157 @@
+"""Renters' pages: offers, renting, a lease's live page, history and usage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db.models import Sum
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from hub.billing import services as billing
+from hub.billing.models import LedgerEntry
+from hub.catalog.models import Template
+from hub.catalog.offers import list_offers, uptime
+from hub.leases import services as leases
+from hub.leases.models import Lease
+from hub.suppliers.models import Gpu, Host
+from hub.tunnels import access
+from hub.tunnels import services as tunnels
+from hub.web.forms import OfferFilterForm, RentForm
+
+_ACCESS_TOKEN_KEY = "web:access-token:{}"  # noqa: S105 (a session key)
+
+
+def _is_htmx(request: HttpRequest) -> bool:
+    return request.headers.get("HX-Request") == "true"
+
+
+@require_GET
+def offers(request: HttpRequest) -> HttpResponse:
+    form = OfferFilterForm(request.GET or None)
+    context = {"form": form, "offers": list_offers(**form.filters())}
+    if _is_htmx(request):
+        return render(request, "web/partials/offers_table.html", context)
+    return render(request, "web/offers.html", context)
+
+
+def _rentable(gpu_id: int) -> Gpu:
+    return get_object_or_404(
+        Gpu.objects.select_related("host"), pk=gpu_id, listed=True, present=True
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def rent(request: HttpRequest, gpu_id: int) -> HttpResponse:
+    gpu = _rentable(gpu_id)
+    form = RentForm(request.POST or None)
+    status = 200
+    if request.method == "POST":
+        if form.is_valid():
+            try:
+                lease = leases.start_lease(request.user, gpu.host, [gpu.index], form.spec)
+            except leases.LeaseError as exc:
+                form.add_error(None, _sentence(str(exc)))
+            else:
+                if lease.access_protected:
+                    # Shown once on the lease page, then gone from the session.
+                    request.session[_ACCESS_TOKEN_KEY.format(lease.pk)] = access.issue(lease.pk)
+                messages.success(request, "Rental started. It is being set up on the host.")
+                return redirect("web:lease", lease_id=lease.pk)
+        status = 400
+    context = {
+        "form": form,
+        "gpu": gpu,
+        "host": gpu.host,
+        "host_online": gpu.host.status == Host.Status.ONLINE and not gpu.host.maintenance,
+        "uptime_7d": uptime([gpu.host_id]).get(gpu.host_id, 0.0),
+        "templates": Template.objects.filter(listed=True),
+    }
+    return render(request, "web/rent.html", context, status=status)
+
+
+def _sentence(text: str) -> str:
+    text = text.strip()
+    return (text[:1].upper() + text[1:]).rstrip(".") + "." if text else text
+
+
+def _own_lease(request: HttpRequest, lease_id: Any) -> Lease:
+    # Someone else's lease is a 404, exactly like one that does not exist.
+    return get_object_or_404(Lease.objects.select_related("host"), pk=lease_id, renter=request.user)
+
+
+def _lease_context(lease: Lease) -> dict[str, Any]:
+    urls = [
+        {"port": t.container_port, "url": tunnels.public_url(t), "state": t.state}
+        for t in lease.tunnels.all()
+    ]
+    return {
+        "lease": lease,
+        "urls": urls,
+        "gpus": list(lease.gpus.order_by("index")),
+        "show_urls": lease.state in (Lease.State.STARTING, Lease.State.RUNNING),
+    }
+
+
+@login_required
+@require_GET
+def lease_detail(request: HttpRequest, lease_id: Any) -> HttpResponse:
+    lease = _own_lease(request, lease_id)
+    context = _lease_context(lease)
+    context["access_token"] = request.session.pop(_ACCESS_TOKEN_KEY.format(lease.pk), None)
+    return render(request, "web/lease.html", context)
+
+
+@login_required
+@require_GET
+def lease_panel(request: HttpRequest, lease_id: Any) -> HttpResponse:
+    lease = _own_lease(request, lease_id)
+    return render(request, "web/partials/lease_panel.html", _lease_context(lease))
+
+
+@login_required
+@require_POST
+def lease_stop(request: HttpRequest, lease_id: Any) -> HttpResponse:
+    lease = _own_lease(request, lease_id)
+    if lease.state in (
+        Lease.State.PENDING,
+        Lease.State.RESERVING,
+        Lease.State.STARTING,
+        Lease.State.RUNNING,
+    ):
+        leases.release_lease(lease.pk, Lease.EndReason.RENTER_STOP)
+        messages.success(request, "Stopping your rental. Billing stops when the host confirms.")
+    else:
+        messages.info(request, "This rental is already stopping or over.")
+    return redirect("web:lease", lease_id=lease.pk)
+
+
+@login_required
+@require_GET
+def lease_list(request: HttpRequest) -> HttpResponse:
+    rows = Lease.objects.filter(renter=request.user).select_related("host")[:200]
+    return render(request, "web/leases.html", {"leases": rows})
+
+
+@login_required
+@require_GET
+def usage(request: HttpRequest) -> HttpResponse:
+    user = request.user
+    rows = list(Lease.objects.filter(renter=user).select_related("host")[:200])
+    charged = Lease.objects.filter(renter=user).aggregate(total=Sum("charged_micros"))["total"]
+    going = [lease for lease in rows if lease.active]
+    context = {
+        "balance_micros": billing.balance_micros(user),
+        "total_charged_micros": charged or 0,
+        "burn_per_hour_micros": sum(lease.price_per_hour_micros for lease in going),
+        "leases": rows,
+        "credits": LedgerEntry.objects.filter(
+            account=user,
+            kind__in=[LedgerEntry.Kind.ADJUSTMENT, LedgerEntry.Kind.PAYMENT],
+        )[:50],
+    }
+    return render(request, "web/usage.html", context)

@@ -1,0 +1,220 @@
+"""Suppliers' pages: agent tokens, hosts and GPUs with live status, earnings.
+
+Every lookup is scoped to the signed-in owner: another supplier's host, GPU or token is a 404.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db.models import Count, Sum
+from django.db.models.functions import TruncDate
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+import supplier_agent
+from hub.billing import services as billing
+from hub.billing.models import LedgerEntry
+from hub.suppliers import services as suppliers
+from hub.suppliers.models import AgentToken, Gpu, GpuSample, Host
+from hub.web.forms import GpuTermsForm, TokenForm
+
+_NEW_TOKEN_KEY = "web:new-agent-token"  # noqa: S105 (a session key)
+SPARKLINE_WINDOW = timedelta(hours=1)
+SPARKLINE_POINTS = 60
+
+
+def install_command(token: str) -> str:
+    """The one-liner a supplier pastes on a GPU host (see hub/installer)."""
+    return f"curl -fsSL {settings.HUB_PUBLIC_URL}/install.sh | sudo bash -s {token}"
+
+
+# --- tokens -------------------------------------------------------------------------------
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def tokens(request: HttpRequest) -> HttpResponse:
+    form = TokenForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        token, plaintext = suppliers.create_agent_token(request.user, form.cleaned_data["name"])
+        # Kept only until the next page view, which shows it once.
+        request.session[_NEW_TOKEN_KEY] = {"id": token.pk, "plaintext": plaintext}
+        return redirect("web:tokens")
+    new = request.session.pop(_NEW_TOKEN_KEY, None)
+    context = {
+        "form": form,
+        "tokens": AgentToken.objects.filter(owner=request.user)
+        .annotate(host_count=Count("hosts"))
+        .order_by("-created_at"),
+        "new_token": new["plaintext"] if new else None,
+        "install_command": install_command(new["plaintext"]) if new else None,
+    }
+    return render(request, "web/tokens.html", context)
+
+
+@login_required
+@require_POST
+def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    token = get_object_or_404(AgentToken, pk=token_id, owner=request.user)
+    if suppliers.revoke_agent_token(token.pk):
+        messages.success(request, f"Token {token.prefix}… revoked; its agents were disconnected.")
+    else:
+        messages.info(request, f"Token {token.prefix}… was already revoked.")
+    return redirect("web:tokens")
+
+
+# --- hosts and GPUs -----------------------------------------------------------------------
+
+
+def _own_hosts(request: HttpRequest) -> list[Host]:
+    return list(
+        Host.objects.filter(owner=request.user).prefetch_related("gpus").order_by("hostname", "pk")
+    )
+
+
+def _sparklines(gpu_ids: list[int]) -> dict[int, dict[str, list[float]]]:
+    since = timezone.now() - SPARKLINE_WINDOW
+    series: dict[int, dict[str, list[float]]] = defaultdict(lambda: {"util": [], "vram": []})
+    rows = (
+        GpuSample.objects.filter(gpu_id__in=gpu_ids, at__gte=since)
+        .order_by("gpu_id", "at")
+        .values_list("gpu_id", "utilization_pct", "memory_used_bytes", "memory_total_bytes")
+    )
+    for gpu_id, util, used, total in rows:
+        series[gpu_id]["util"].append(util)
+        series[gpu_id]["vram"].append(100 * used / total if total else 0)
+    return {
+        gpu_id: {name: values[-SPARKLINE_POINTS:] for name, values in s.items()}
+        for gpu_id, s in series.items()
+    }
+
+
+def _host_rows(hosts: list[Host]) -> list[dict[str, Any]]:
+    gpus = [gpu for host in hosts for gpu in host.gpus.all()]
+    lines = _sparklines([gpu.pk for gpu in gpus])
+    return [
+        {
+            "host": host,
+            "gpus": [
+                {
+                    "gpu": gpu,
+                    "util": lines.get(gpu.pk, {}).get("util", []),
+                    "vram": lines.get(gpu.pk, {}).get("vram", []),
+                    "form": GpuTermsForm(
+                        initial={
+                            "price": gpu.price_per_hour_micros / 1_000_000,
+                            "listed": gpu.listed,
+                        },
+                        prefix=f"gpu{gpu.pk}",
+                    ),
+                }
+                for gpu in host.gpus.all()
+            ],
+        }
+        for host in hosts
+    ]
+
+
+def _hosts_context(request: HttpRequest) -> dict[str, Any]:
+    return {
+        "rows": _host_rows(_own_hosts(request)),
+        "latest_agent": supplier_agent.__version__,
+    }
+
+
+@login_required
+@require_GET
+def hosts(request: HttpRequest) -> HttpResponse:
+    return render(request, "web/hosts.html", _hosts_context(request))
+
+
+@login_required
+@require_GET
+def hosts_panel(request: HttpRequest) -> HttpResponse:
+    return render(request, "web/partials/hosts_list.html", _hosts_context(request))
+
+
+@login_required
+@require_GET
+def host_status(request: HttpRequest, host_id: int) -> HttpResponse:
+    host = get_object_or_404(Host, pk=host_id, owner=request.user)
+    row = _host_rows([host])[0]
+    return render(
+        request,
+        "web/partials/host_status.html",
+        {"row": row, "latest_agent": supplier_agent.__version__},
+    )
+
+
+@login_required
+@require_POST
+def gpu_terms(request: HttpRequest, gpu_id: int) -> HttpResponse:
+    gpu = get_object_or_404(Gpu.objects.select_related("host"), pk=gpu_id, host__owner=request.user)
+    form = GpuTermsForm(request.POST, prefix=f"gpu{gpu.pk}")
+    if not form.is_valid():
+        errors = "; ".join(str(e) for errs in form.errors.values() for e in errs)
+        messages.error(request, f"GPU {gpu.index} on {gpu.host.hostname} unchanged: {errors}")
+        return redirect("web:hosts")
+    try:
+        suppliers.set_gpu_terms(
+            gpu.pk, price_per_hour_micros=form.price_micros, listed=form.cleaned_data["listed"]
+        )
+    except suppliers.SupplierError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(
+            request,
+            f"GPU {gpu.index} on {gpu.host.hostname}: ${form.cleaned_data['price']:.2f}/h, "
+            + ("for rent." if form.cleaned_data["listed"] else "not for rent."),
+        )
+    return redirect("web:hosts")
+
+
+@login_required
+@require_POST
+def host_maintenance(request: HttpRequest, host_id: int) -> HttpResponse:
+    host = get_object_or_404(Host, pk=host_id, owner=request.user)
+    on = request.POST.get("maintenance") == "on"
+    suppliers.set_host_maintenance(host.pk, on)
+    messages.success(
+        request,
+        f"{host.hostname} is in maintenance: no new rentals; running ones go on."
+        if on
+        else f"{host.hostname} takes rentals again.",
+    )
+    return redirect("web:hosts")
+
+
+# --- earnings -----------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def earnings(request: HttpRequest) -> HttpResponse:
+    rows = LedgerEntry.objects.filter(account=request.user, kind=LedgerEntry.Kind.EARNING)
+    per_day = (
+        rows.annotate(day=TruncDate("created_at"))
+        .values("day")
+        .annotate(total=Sum("amount_micros"))
+        .order_by("-day")[:60]
+    )
+    per_lease = (
+        rows.values("lease_id", "lease__host__hostname", "lease__state", "lease__created_at")
+        .annotate(total=Sum("amount_micros"))
+        .order_by("-lease__created_at")[:100]
+    )
+    context = {
+        "total_micros": rows.aggregate(total=Sum("amount_micros"))["total"] or 0,
+        "balance_micros": billing.balance_micros(request.user),
+        "per_day": per_day,
+        "per_lease": per_lease,
+    }
+    return render(request, "web/earnings.html", context)

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from rest_framework.test import APIClient
+
+from hub.accounts.api_tokens import create_api_token
+from hub.accounts.models import User
+from hub.billing import services as billing
+from tests.hub import factories as f
+
+
+@pytest.fixture(autouse=True)
+def liveness_set() -> Iterator[str]:
+    with f.private_liveness_set() as key:
+        yield key
+
+
+@pytest.fixture
+def renter() -> User:
+    return f.make_user("renter")
+
+
+def client_for(user: User) -> APIClient:
+    client = APIClient()
+    _, plaintext = create_api_token(user, "tests")
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    return client
+
+
+@pytest.fixture
+def api(renter: User) -> APIClient:
+    return client_for(renter)
+
+
+def top_up(user: User, micros: int) -> None:
+    billing.adjust(user, micros, "test top-up", by=f.make_user("admin", is_staff=True))
