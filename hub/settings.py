@@ -306,6 +306,9 @@ CELERY_BEAT_SCHEDULE["charge-running-leases"] = {
     "options": {"expires": float(BILLING_INTERVAL_S)},
 }
 
+# Hosts pull this many of the catalogue's most rented images ahead of rentals (0: none).
+PREPULL_IMAGES = env_int("PREPULL_IMAGES", 3)
+
 # --- Supplier installer -----------------------------------------------------------------------
 # Where the hub builds the agent wheel it serves at /agent/ (built on first request).
 AGENT_DIST_DIR = Path(env_str("AGENT_DIST_DIR") or BASE_DIR / ".state" / "agent-dist")

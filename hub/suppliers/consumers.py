@@ -174,6 +174,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 host_id=str(registered.host_id),
                 heartbeat_interval_s=settings.AGENT_HEARTBEAT_INTERVAL_S,
                 desired_claims=registered.desired_claims,
+                prepull_images=registered.prepull_images,
             )
         )
 

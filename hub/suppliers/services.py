@@ -89,6 +89,7 @@ class RegistrationRefused(Exception):
 class Registered:
     host_id: int
     desired_claims: tuple[str, ...]
+    prepull_images: tuple[str, ...] = ()
 
 
 def probe_registration(token_id: int, message: Register) -> str:
@@ -152,7 +153,9 @@ def register_host(token_id: int, message: Register, channel_name: str) -> Regist
         )
     if previous_channel and previous_channel != channel_name:
         async_to_sync(get_channel_layer().send)(previous_channel, {"type": "agent.superseded"})
-    return Registered(host_id=host.pk, desired_claims=desired)
+    from hub.catalog.prepull import images_for  # the catalogue builds on suppliers, not back
+
+    return Registered(host_id=host.pk, desired_claims=desired, prepull_images=images_for(host.pk))
 
 
 def _upsert_gpus(host: Host, gpus: tuple[GpuState, ...], now: datetime) -> None:
