@@ -31,3 +31,9 @@ format: venv
 
 clean:
 	rm -rf $(VENV) .state staticfiles .pytest_cache .ruff_cache
+
+# Every benchmark figure (docs/benchmarks.md): embedded Postgres and Redis unless
+# DATABASE_URL / REDIS_URL are set. BENCH_ARGS=--quick for a short run.
+.PHONY: bench
+bench: venv
+	$(BIN)/python -m hub.runner exec --state .state/bench -- $(BIN)/python -m bench $(BENCH_ARGS)

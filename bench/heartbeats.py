@@ -1,227 +1,254 @@
-"""How the hub takes agents' heartbeats: N simulated agents (real protocol, many per process)
-against one Daphne, with the raw baselines measured in the same run.
+"""Agents held by one hub host, and what their heartbeats cost (issue 8).
 
-    DATABASE_URL=postgres://... REDIS_URL=redis://... python -m bench.heartbeats --agents 1000
+    python -m bench.heartbeats held --agents 10000 --hold 600    # real timings (15 s)
+    python -m bench.heartbeats ramp --steps 250,500,1000,2000    # interval 1 s, all timings / 15
 
-The database named in DATABASE_URL is used as is (migrated first): point it at a scratch one.
-Figures: heartbeat-to-processed latency (a heartbeat followed by a probe frame whose error reply
-comes back only after the heartbeat was handled: an upper bound), Postgres row updates and
-commits per heartbeat, Daphne RSS per idle connection; baselines B_pg1 (single-row UPDATE/s,
-one client) and B_rtt (Redis PING round trip).
+The hub is one Daphne, one Celery worker and beat on a scratch database (see bench/common.py).
+The agents are bench/swarm.py processes (real protocol, a few thousand per process).
+
+``held``: N agents at the production timings; heartbeat-to-processed latency per window (p50,
+p99), dropped connections, Daphne RSS per connection, Postgres cost per heartbeat over the whole
+hold (which must span several HOST_STATS_WRITE_INTERVAL_S for the periodic writes to show).
+
+``ramp``: the time-compressed mode. Agents are added step by step, each beating every second
+with every control-plane timing divided by 15, until p99 passes 100 ms; the heartbeats/s there
+is compared with B_pg1.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import os
-import statistics
-import subprocess
-import sys
 import time
-import uuid
-from pathlib import Path
+from typing import Any
 
 import psutil
-import psycopg
-import redis
-from websockets.asyncio.client import connect
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench import common
+from bench.swarm import Swarm
 
-from hub.lib.env import database_from_url  # noqa: E402
-from hub.lib.ports import free_port, wait_for_port  # noqa: E402
+LATENCY_GOAL_MS = 100.0
 
 
-def _pg_conninfo(url: str) -> dict[str, object]:
-    db = database_from_url(url)
+def baselines(env: dict[str, str]) -> dict[str, float]:
     return {
-        "host": db["HOST"] or "127.0.0.1",
-        "port": int(db["PORT"] or 5432),
-        "user": db["USER"],
-        "password": db["PASSWORD"] or None,
-        "dbname": db["NAME"],
+        "B_pg1_updates_per_s": round(common.baseline_pg1(env["DATABASE_URL"])),
+        "B_pgbatch_rows_per_s": round(common.baseline_pgbatch(env["DATABASE_URL"])),
+        "B_rtt_ms": round(common.baseline_rtt(env["REDIS_URL"]) * 1000, 3),
     }
 
 
-def baseline_pg1(url: str, seconds: float = 3.0) -> float:
-    with psycopg.connect(**_pg_conninfo(url), autocommit=True) as conn:
-        conn.execute("CREATE TEMP TABLE b (id int primary key, n bigint)")
-        conn.execute("INSERT INTO b VALUES (1, 0)")
-        done, deadline = 0, time.perf_counter() + seconds
-        while time.perf_counter() < deadline:
-            conn.execute("UPDATE b SET n = n + 1 WHERE id = 1")
-            done += 1
-    return done / seconds
+def pg_cost(delta: dict[str, int], heartbeats: int) -> dict[str, Any]:
+    per = max(heartbeats, 1)
+    cost: dict[str, Any] = {
+        "heartbeats": heartbeats,
+        "table_accesses_per_heartbeat": round(delta["table_accesses"] / per, 4),
+        "commits_per_heartbeat": round(delta["commits"] / per, 4),
+        "rows_updated_per_heartbeat": round(delta["rows_updated"] / per, 4),
+        "rows_inserted_per_heartbeat": round(delta["rows_inserted"] / per, 4),
+        "hot_update_share": round(delta["hot_updates"] / delta["rows_updated"], 3)
+        if delta["rows_updated"]
+        else None,
+    }
+    if "statements" in delta:
+        cost["statements_per_heartbeat"] = round(delta["statements"] / per, 4)
+    return cost
 
 
-def baseline_rtt(url: str, count: int = 2000) -> float:
-    client = redis.Redis.from_url(url)
-    samples = []
-    for _ in range(count):
-        start = time.perf_counter()
-        client.ping()
-        samples.append(time.perf_counter() - start)
-    client.close()
-    return statistics.median(samples)
-
-
-def pg_counters(url: str) -> tuple[int, int]:
-    with psycopg.connect(**_pg_conninfo(url), autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT tup_updated + tup_inserted, xact_commit FROM pg_stat_database "
-            "WHERE datname = current_database()"
-        ).fetchone()
-    return int(row[0]), int(row[1])
-
-
-def manage(env: dict[str, str], *args: str) -> str:
-    return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=REPO, env=env, capture_output=True,
-        text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-
-
-def register_frame(agent_id: str) -> str:
-    gpu = {
-        "index": 0, "uuid": f"GPU-{uuid.UUID(agent_id)}", "name": "NVIDIA GeForce RTX 4090",
-        "memory_total_bytes": 24 * 2**30, "memory_used_bytes": 0, "utilization_pct": 0,
-        "processes": [],
-    }  # fmt: skip
-    return json.dumps({
-        "type": "register", "v": 1, "agent_id": agent_id, "hostname": f"bench-{agent_id[:8]}",
-        "os": "bench", "arch": "x86_64", "cpu_model": "bench", "cpu_count": 1, "ram_bytes": 0,
-        "agent_version": "0.1.0", "runtime": "mock", "gpus": [gpu], "claims": [],
-    })  # fmt: skip
-
-
-HEARTBEAT = json.dumps({"type": "heartbeat", "v": 1, "gpus": [], "claims": []})
-PROBE = json.dumps({"type": "probe", "v": 1})  # an unknown type: answered with an error
-
-
-async def agent(
-    url: str,
-    token: str,
-    interval: float,
-    until: float,
-    out: list[float],
-    ready: asyncio.Event,
-    counter: list[int],
-) -> None:
-    async with connect(
-        url,
-        additional_headers={"Authorization": f"Bearer {token}"},
-        compression=None,
-        max_size=2**16,
-    ) as ws:
-        await ws.send(register_frame(str(uuid.uuid4())))
-        json.loads(await ws.recv())  # welcome
-        counter[0] += 1
-        if counter[0] == counter[1]:
-            ready.set()
-        await ready.wait()
-        # Spread the agents over the interval, as real ones are.
-        await asyncio.sleep(interval * (hash(ws.id) % 1000) / 1000)
-        while time.monotonic() < until:
-            start = time.perf_counter()
-            await ws.send(HEARTBEAT)
-            await ws.send(PROBE)
-            await ws.recv()
-            out.append(time.perf_counter() - start)
-            await asyncio.sleep(max(0.0, interval - (time.perf_counter() - start)))
-
-
-async def drive(
-    url: str, token: str, agents: int, interval: float, seconds: float, measure: object
-) -> tuple[list[float], float, object, object]:
-    """Connect every agent, let one full interval of first heartbeats pass (each writes its
-    stats once), then measure a steady window between two snapshots."""
+def _window_all(swarms: list[Swarm], seconds: float) -> dict[str, Any]:
+    for swarm in swarms:
+        swarm.send({"cmd": "window", "seconds": seconds})
     latencies: list[float] = []
-    ready = asyncio.Event()
-    counter = [0, agents]
-    until = time.monotonic() + 3600
-    tasks = [
-        asyncio.create_task(agent(url, token, interval, until, latencies, ready, counter))
-        for _ in range(agents)
-    ]
-    connect_started = time.perf_counter()
-    await asyncio.wait_for(ready.wait(), timeout=600)
-    connected_in = time.perf_counter() - connect_started
-    await asyncio.sleep(interval * 2 + 1)
-    before = measure()  # type: ignore[operator]
-    latencies.clear()
-    await asyncio.sleep(seconds)
-    result = list(latencies)
-    after = measure()  # type: ignore[operator]
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    return result, connected_in, before, after
+    drops, cpu = 0, []
+    for swarm in swarms:
+        for message in swarm.collect("window", seconds + 120).values():
+            latencies.extend(message["latencies_ms"])
+            drops += message["drops"]
+            cpu.append(message["client_cpu_pct"])
+    return {"latencies_ms": latencies, "drops": drops, "client_cpu_pct": cpu}
+
+
+def held(args: argparse.Namespace) -> dict[str, Any]:
+    env = common.bench_env(**args.hub_settings)
+    common.prepare(env)
+    token = common.create_user_and_token(env, "bench-supplier")
+    result: dict[str, Any] = {"figure": "agents held", "machine": common.machine()}
+    result["hub_settings"] = args.hub_settings
+    result["baselines"] = baselines(env)
+    with common.Hub(env).start() as hub:
+        time.sleep(2)
+        web = psutil.Process(hub.pid("web"))
+        rss_idle = web.memory_info().rss
+        with Swarm(hub.ws_url, token, args.agents, interval=args.interval) as swarm:
+            connected = swarm.wait_connected(args.connect_timeout)
+            result["connect"] = {
+                **connected,
+                "agents_per_s": round(connected["connected"] / connected["seconds"], 1),
+            }
+            # Every agent's first heartbeat writes its telemetry once; leave those out.
+            time.sleep(args.interval + 2)
+            common.pg_flush_stats(env["DATABASE_URL"])
+            pg_before = common.pg_snapshot(env["DATABASE_URL"])
+            cpu = common.CpuMeter(
+                {"daphne": hub.pid("web"), "worker": hub.pid("worker"), "beat": hub.pid("beat"),
+                 **common.server_pids()}
+            )  # fmt: skip
+            windows, all_latencies, drops = [], [], 0
+            held_until = time.monotonic() + args.hold
+            while time.monotonic() < held_until - 1:
+                seconds = min(args.window, held_until - time.monotonic())
+                window = swarm.window(seconds)
+                all_latencies.extend(window["latencies_ms"])
+                drops += window["drops"]
+                windows.append({
+                    **common.summary(window["latencies_ms"]),
+                    "heartbeats_per_s": round(len(window["latencies_ms"]) / window["seconds"], 1),
+                    "drops": window["drops"], "connected": window["connected"],
+                    "client_cpu_pct": window["client_cpu_pct"],
+                })  # fmt: skip
+                print(f"[held] {windows[-1]}", flush=True)
+            cpu_pct = cpu.percent()
+            common.pg_flush_stats(env["DATABASE_URL"])
+            pg_after = common.pg_snapshot(env["DATABASE_URL"])
+            rss_loaded = web.memory_info().rss
+            status = swarm.status()
+    heartbeats = len(all_latencies)
+    result.update(
+        agents=args.agents,
+        interval_s=args.interval,
+        hold_s=args.hold,
+        windows=windows,
+        latency_ms={
+            "median_of_window_p50": round(common.median([w["p50"] for w in windows]), 2),
+            "median_of_window_p99": round(common.median([w["p99"] for w in windows]), 2),
+            "worst_window_p99": max(w["p99"] for w in windows),
+            **common.summary(all_latencies),
+        },
+        heartbeats_per_s=round(heartbeats / args.hold, 1),
+        dropped_connections=drops,
+        connected_at_end=status["connected"],
+        daphne_rss_mib=round(rss_loaded / 2**20, 1),
+        daphne_rss_per_connection_kib=round(
+            (rss_loaded - rss_idle) / max(status["connected"], 1) / 1024, 1
+        ),
+        cpu_pct_of_one_core=cpu_pct,
+        postgres=pg_cost(common.pg_delta(pg_before, pg_after), heartbeats),
+    )
+    return result
+
+
+def ramp(args: argparse.Namespace) -> dict[str, Any]:
+    env = common.bench_env(**common.COMPRESSED_TIMINGS, **args.hub_settings)
+    common.prepare(env)
+    token = common.create_user_and_token(env, "bench-supplier")
+    result: dict[str, Any] = {"figure": "heartbeat ramp (1 s)", "machine": common.machine()}
+    result["hub_settings"] = args.hub_settings
+    result["baselines"] = baselines(env)
+    b_pg1 = result["baselines"]["B_pg1_updates_per_s"]
+    steps: list[dict[str, Any]] = []
+    swarms: list[Swarm] = []
+    with common.Hub(env).start() as hub:
+        try:
+            total = 0
+            for target in args.steps:
+                swarm = Swarm(hub.ws_url, token, target - total, interval=1.0)
+                swarms.append(swarm)
+                connected = swarm.wait_connected(args.connect_timeout)
+                total = target
+                time.sleep(args.settle)
+                common.pg_flush_stats(env["DATABASE_URL"])
+                pg_before = common.pg_snapshot(env["DATABASE_URL"])
+                cpu = common.CpuMeter({"daphne": hub.pid("web"), **common.server_pids()})
+                windows = []
+                for _ in range(args.repeats):
+                    window = _window_all(swarms, args.window)
+                    windows.append({
+                        **common.summary(window["latencies_ms"]),
+                        "heartbeats_per_s": round(len(window["latencies_ms"]) / args.window, 1),
+                        "drops": window["drops"], "client_cpu_pct": window["client_cpu_pct"],
+                    })  # fmt: skip
+                cpu_pct = cpu.percent()
+                common.pg_flush_stats(env["DATABASE_URL"])
+                pg_after = common.pg_snapshot(env["DATABASE_URL"])
+                beats = sum(w["n"] for w in windows)
+                step = {
+                    "agents": target,
+                    "connect": connected,
+                    "heartbeats_per_s": round(
+                        common.median([w["heartbeats_per_s"] for w in windows]), 1
+                    ),
+                    "p50_ms": round(common.median([w["p50"] for w in windows]), 2),
+                    "p99_ms": round(common.median([w["p99"] for w in windows]), 2),
+                    "p99_ms_per_window": [w["p99"] for w in windows],
+                    "drops": sum(w["drops"] for w in windows),
+                    "cpu_pct_of_one_core": cpu_pct,
+                    "client_cpu_pct": windows[-1]["client_cpu_pct"],
+                    "postgres": pg_cost(common.pg_delta(pg_before, pg_after), beats),
+                }  # fmt: skip
+                step["heartbeats_per_s_over_B_pg1"] = round(step["heartbeats_per_s"] / b_pg1, 3)
+                steps.append(step)
+                print(f"[ramp] {step}", flush=True)
+                if step["p99_ms"] > LATENCY_GOAL_MS or connected.get("timed_out"):
+                    break
+        finally:
+            for swarm in swarms:
+                swarm.close()
+    passing = [s for s in steps if s["p99_ms"] <= LATENCY_GOAL_MS]
+    failing = [s for s in steps if s["p99_ms"] > LATENCY_GOAL_MS]
+    result.update(
+        steps=steps,
+        last_rate_within_goal=passing[-1]["heartbeats_per_s"] if passing else None,
+        first_rate_past_goal=failing[0]["heartbeats_per_s"] if failing else None,
+    )
+    if passing:
+        result["last_rate_within_goal_over_B_pg1"] = round(
+            passing[-1]["heartbeats_per_s"] / b_pg1, 3
+        )
+    return result
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--agents", type=int, default=500)
-    parser.add_argument("--interval", type=float, default=1.0, help="heartbeat interval (s)")
-    parser.add_argument("--seconds", type=float, default=20.0)
-    args = parser.parse_args()
-    env = dict(os.environ, DEBUG="1", PYTHONUNBUFFERED="1", LOG_LEVEL="WARNING")
-    db_url, redis_url = env["DATABASE_URL"], env["REDIS_URL"]
-    manage(env, "migrate", "--noinput", "-v", "0")
-    supplier = f"bench-{uuid.uuid4().hex[:6]}"
-    manage(
-        env,
-        "shell",
-        "-c",
-        f"from hub.accounts.models import User; User.objects.create_user('{supplier}')",
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    modes = parser.add_subparsers(dest="mode", required=True)
+    held_parser = modes.add_parser("held", help="N agents at the production timings")
+    held_parser.add_argument("--agents", type=int, default=1000)
+    held_parser.add_argument("--interval", type=float, default=15.0)
+    held_parser.add_argument("--hold", type=float, default=600.0, help="seconds held")
+    held_parser.add_argument("--window", type=float, default=60.0, help="seconds per window")
+    held_parser.add_argument("--connect-timeout", type=float, default=600.0)
+    ramp_parser = modes.add_parser("ramp", help="interval 1 s: heartbeats/s until p99 > 100 ms")
+    ramp_parser.add_argument(
+        "--steps",
+        type=lambda text: [int(x) for x in text.split(",")],
+        default=[25, 50, 100, 200, 400, 800, 1600, 3200],
     )
-    token = manage(env, "hub", "token", "create", "--owner", supplier)
-
-    b_pg1 = baseline_pg1(db_url)
-    b_rtt = baseline_rtt(redis_url)
-    port = free_port()
-    web = subprocess.Popen(
-        [sys.executable, "-m", "hub.serve", "-v", "0", "-b", "127.0.0.1", "-p", str(port), "hub.asgi:application"],  # noqa: E501
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        assert wait_for_port(port, timeout_s=60)
-        rss_idle = psutil.Process(web.pid).memory_info().rss
-
-        def measure() -> tuple[tuple[int, int], int]:
-            return pg_counters(db_url), psutil.Process(web.pid).memory_info().rss
-
-        latencies, connected_in, (before, _), (after, rss_loaded) = asyncio.run(
-            drive(
-                f"ws://127.0.0.1:{port}/api/p2p/ws/",
-                token,
-                args.agents,
-                args.interval,
-                args.seconds,
-                measure,
-            )
+    ramp_parser.add_argument("--window", type=float, default=10.0)
+    ramp_parser.add_argument("--repeats", type=int, default=3)
+    ramp_parser.add_argument("--settle", type=float, default=6.0)
+    ramp_parser.add_argument("--connect-timeout", type=float, default=300.0)
+    for sub in (held_parser, ramp_parser):
+        sub.add_argument(
+            "--set",
+            dest="hub_settings",
+            type=lambda text: dict([text.split("=", 1)]),
+            action=_Merge,
+            default={},
+            metavar="NAME=VALUE",
+            help="a hub setting for this run, e.g. DATABASE_CONN_MAX_AGE=60",
         )
-    finally:
-        web.terminate()
-        web.wait()
-    latencies.sort()
-    beats = len(latencies)
-    p50 = latencies[beats // 2] * 1000
-    p99 = latencies[int(beats * 0.99)] * 1000
-    report = {
-        "agents": args.agents, "interval_s": args.interval, "seconds": args.seconds,
-        "connect_all_s": round(connected_in, 2),
-        "heartbeats": beats, "heartbeats_per_s": round(beats / args.seconds, 1),
-        "latency_p50_ms": round(p50, 2), "latency_p99_ms": round(p99, 2),
-        "pg_rows_written_per_heartbeat": round((after[0] - before[0]) / max(beats, 1), 3),
-        "pg_commits_per_heartbeat": round((after[1] - before[1]) / max(beats, 1), 3),
-        "daphne_rss_per_connection_kib": round((rss_loaded - rss_idle) / args.agents / 1024, 1),
-        "B_pg1_updates_per_s": round(b_pg1), "B_rtt_ms": round(b_rtt * 1000, 3),
-        "heartbeats_per_s_over_B_pg1": round(beats / args.seconds / b_pg1, 3),
-    }  # fmt: skip
-    print(json.dumps(report, indent=2))
+        sub.add_argument("--name", default="", help="suffix of the result file")
+    args = parser.parse_args()
+    suffix = f"-{args.name}" if args.name else ""
+    if args.mode == "held":
+        result = held(args)
+        common.write_result(f"heartbeats-held-{args.agents}{suffix}", result)
+    else:
+        result = ramp(args)
+        common.write_result(f"heartbeats-ramp{suffix}", result)
+
+
+class _Merge(argparse.Action):
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        setattr(namespace, self.dest, {**getattr(namespace, self.dest), **values})
 
 
 if __name__ == "__main__":

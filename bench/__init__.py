@@ -1,0 +1,1 @@
+"""Benchmarks (issue 8): one script per figure; see docs/benchmarks.md."""

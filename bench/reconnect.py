@@ -1,0 +1,115 @@
+"""Reconnect storm (issue 8): the hub's web process restarts with N agents connected.
+
+    python -m bench.reconnect --agents 1000 --repeats 3
+
+The agents (bench/swarm.py) reconnect as the real agent does (full-jitter backoff from 1 s,
+capped at 60 s), ungated. Figures per restart: seconds from stopping Daphne until every agent
+is registered again (goal <= 60 s at 10,000), and from the new Daphne listening; Redis client
+connections of the hub at steady state and after the storm (goal <= 2 x hub processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+import psutil
+import redis
+
+from bench import common
+from bench.swarm import Swarm
+
+
+def redis_clients(url: str, exclude: set[int]) -> int:
+    """Client connections to the hub's Redis database (this script's own left out)."""
+    db = int((urlsplit(url).path or "/0").lstrip("/") or 0)
+    client = redis.Redis.from_url(url)
+    try:
+        return sum(
+            1
+            for c in client.client_list()
+            if int(c.get("db", -1)) == db and int(c["id"]) not in exclude
+        )
+    finally:
+        client.close()
+
+
+def redis_clients_by_process(url: str, hub: common.Hub) -> dict[str, int]:
+    """Which hub process holds how many Redis connections (by the client's local port)."""
+    names = {}
+    for name, process in hub.processes.items():
+        names[process.pid] = name
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for child in psutil.Process(process.pid).children(recursive=True):
+                names[child.pid] = f"{name}-child"
+    port = urlsplit(url).port or 6379
+    counts: dict[str, int] = {}
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.raddr and conn.raddr.port == port and conn.pid in names:
+            counts[names[conn.pid]] = counts.get(names[conn.pid], 0) + 1
+    return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--agents", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    args = parser.parse_args()
+    env = common.bench_env()
+    common.prepare(env)
+    token = common.create_user_and_token(env, "bench-supplier")
+    result: dict[str, Any] = {"figure": "reconnect storm", "machine": common.machine()}
+    result["baselines"] = {
+        "B_pg1_updates_per_s": round(common.baseline_pg1(env["DATABASE_URL"])),
+        "B_rtt_ms": common.ms(common.baseline_rtt(env["REDIS_URL"])),
+    }
+    own = redis.Redis.from_url(env["REDIS_URL"])
+    exclude = {int(own.client_id())}
+    restarts = []
+    with common.Hub(env).start() as hub, Swarm(hub.ws_url, token, args.agents) as swarm:
+        connected = swarm.wait_connected(args.timeout)
+        result["initial_connect"] = connected
+        time.sleep(20)  # one heartbeat round, sweeps and the worker's pool settle
+        steady = redis_clients(env["REDIS_URL"], exclude)
+        result["redis_connections_steady"] = steady
+        result["hub_processes"] = hub.process_count()
+        result["redis_connections_by_process"] = redis_clients_by_process(env["REDIS_URL"], hub)
+        for _ in range(args.repeats):
+            swarm.storm()
+            stopped = time.time()
+            hub.stop_web()
+            hub.start_web()
+            listening = time.time()
+            back = swarm.wait_all_back(args.timeout)
+            if len(back) < len(swarm.processes):
+                status = swarm.status()
+                restarts.append({"timed_out": True, "connected": status["connected"]})
+                break
+            last = max(message["at"] for message in back.values())
+            restarts.append({
+                "all_back_s": round(last - stopped, 1),
+                "all_back_after_listening_s": round(last - listening, 1),
+                "daphne_restart_s": round(listening - stopped, 1),
+                "failed_connect_attempts": sum(m["failed"] for m in back.values()),
+                "redis_connections_after": redis_clients(env["REDIS_URL"], exclude),
+            })  # fmt: skip
+            print(f"[reconnect] {restarts[-1]}", flush=True)
+            time.sleep(20)
+    own.close()
+    done = [r["all_back_s"] for r in restarts if "all_back_s" in r]
+    result.update(
+        agents=args.agents,
+        restarts=restarts,
+        all_back_s_median=common.median(done) if done else None,
+        all_back_s_max=max(done) if done else None,
+        agents_per_s_median=round(args.agents / common.median(done), 1) if done else None,
+    )
+    common.write_result(f"reconnect-{args.agents}", result)
+
+
+if __name__ == "__main__":
+    main()
