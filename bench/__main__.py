@@ -24,6 +24,8 @@ def figures(quick: bool, agents: int) -> list[list[str]]:
         ["bench.heartbeats", "ramp", *(["--steps", "100,200,400"] if quick else [])],
         ["bench.heartbeats", "held", "--agents", str(agents), "--hold", hold],
         ["bench.reconnect", "--agents", str(min(agents, 1000)), "--repeats", "1" if quick else "3"],
+        # Needs root, openssh-server and nginx (it runs the real gateway); says so otherwise.
+        ["bench.tunnel", *(["--requests", "300", "--rounds", "1"] if quick else [])],
     ]
 
 

@@ -1,6 +1,7 @@
 """Tunnel throughput and added latency, each against direct loopback measured in the same run.
 
     python -m hub.runner exec --state .state/bench -- python -m bench.tunnel [--requests 2000]
+    (or with DATABASE_URL and REDIS_URL set: python -m bench.tunnel)
 
 Real parts only: the gateway (``hub.tunnels.gateway``: sshd + nginx), one Daphne answering the
 edge's per-request route lookup, and the agent's own ``TunnelManager`` running ``ssh -R`` with

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib.auth.views import LogoutView
 from django.urls import path
 
-from hub.web.views import accounts, renter, supplier
+from hub.web.views import accounts, api_tokens, renter, supplier
 
 app_name = "web"
 
@@ -18,6 +18,12 @@ urlpatterns = [
     path("leases/<uuid:lease_id>/panel/", renter.lease_panel, name="lease-panel"),
     path("leases/<uuid:lease_id>/stop/", renter.lease_stop, name="lease-stop"),
     path("usage/", renter.usage, name="usage"),
+    path("account/api-tokens/", api_tokens.api_tokens, name="api-tokens"),
+    path(
+        "account/api-tokens/<int:token_id>/revoke/",
+        api_tokens.api_token_revoke,
+        name="api-token-revoke",
+    ),
     path("supplier/hosts/", supplier.hosts, name="hosts"),
     path("supplier/hosts/panel/", supplier.hosts_panel, name="hosts-panel"),
     path("supplier/hosts/<int:host_id>/status/", supplier.host_status, name="host-status"),
