@@ -23,6 +23,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from supplier_agent import __version__
 from supplier_agent.config import AgentConfig
 from supplier_agent.hostinfo import read_host_info
+from supplier_agent.logs import LogFollowers
 from supplier_agent.protocol import (
     HUB_TO_AGENT,
     MAX_FRAME_BYTES,
@@ -34,6 +35,8 @@ from supplier_agent.protocol import (
     DockerRun,
     Error,
     Heartbeat,
+    LogChunk,
+    Logs,
     Message,
     Ping,
     Pong,
@@ -145,6 +148,8 @@ class Agent:
         self._lease_locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.tunnels = TunnelManager(state.dir, self._note_tunnel_state)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.logs = LogFollowers(runtime, self._send_from_thread, self._log_follow_failed)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -158,6 +163,7 @@ class Agent:
         await self._restart_tunnels()
         watcher_stop = threading.Event()
         loop = asyncio.get_running_loop()
+        self._loop = loop
 
         def report_exit(lease_id: str, exit_code: int, log_tail: str) -> None:
             message = ContainerExited(lease_id=lease_id, exit_code=exit_code, log_tail=log_tail)
@@ -169,6 +175,7 @@ class Agent:
             await self._connect_forever(stop)
         finally:
             watcher_stop.set()
+            self.logs.stop_all()
             deadman.cancel()
             for task in list(self._tasks):
                 task.cancel()
@@ -247,6 +254,8 @@ class Agent:
             try:
                 done, _ = await asyncio.wait(workers, return_when=asyncio.FIRST_COMPLETED)
             finally:
+                # Nobody on the hub side watches any more; a new viewer asks again.
+                self.logs.stop_all()
                 for task in workers:
                     task.cancel()
                 await asyncio.gather(*workers, return_exceptions=True)
@@ -291,6 +300,8 @@ class Agent:
                 await ws.send(encode(Pong(nonce=message.nonce)))
             elif isinstance(message, Command):
                 self._spawn(self._handle_command(ws, message))
+            elif isinstance(message, Logs):
+                await self._follow_logs(ws, message)
             elif isinstance(message, Welcome):
                 await self._apply_welcome(message)
             elif isinstance(message, Error):
@@ -322,7 +333,9 @@ class Agent:
                 await ws.send(encode(message))
             except ConnectionClosed:
                 # Keep it for the next connection: a container exit must reach the hub.
-                self._outbox.put_nowait(message)
+                # Live output is only worth something live.
+                if not isinstance(message, LogChunk):
+                    self._outbox.put_nowait(message)
                 raise
 
     async def _deadman_loop(self, stop: asyncio.Event) -> None:
@@ -348,6 +361,26 @@ class Agent:
 
     def _note_tunnel_state(self, message: TunnelState) -> None:
         self._outbox.put_nowait(message)
+
+    def _send_from_thread(self, message: Message) -> None:
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
+                self._loop.call_soon_threadsafe(self._outbox.put_nowait, message)
+
+    def _log_follow_failed(self, lease_id: str, reason: str) -> None:
+        self._send_from_thread(Error(reason=f"lease {lease_id}: {reason}"[:4096], ref="logs"))
+
+    async def _follow_logs(self, ws: ClientConnection, message: Logs) -> None:
+        if not message.follow:
+            self.logs.stop(message.lease_id)
+            return
+        claim = self.state.claims.get(message.lease_id)
+        if claim is None or claim.container_id is None:
+            reason = f"lease {message.lease_id} has no container on this host"
+            with contextlib.suppress(ConnectionClosed):
+                await ws.send(encode(Error(reason=reason, ref="logs")))
+            return
+        self.logs.follow(message.lease_id, message.tail)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -452,6 +485,7 @@ class Agent:
         claim = self.state.claims.get(command.lease_id)
         if claim is not None:
             self._check_epoch(claim.gpu_indices, command.epoch)
+        self.logs.stop(command.lease_id)
         await self.tunnels.stop(command.lease_id)
         warnings = await self.runtime.release(command.lease_id, claim)
         self.state.drop_claim(command.lease_id)
@@ -462,6 +496,7 @@ class Agent:
         lock = self._lease_locks.setdefault(lease_id, asyncio.Lock())
         async with lock:
             claim = self.state.claims.get(lease_id)
+            self.logs.stop(lease_id)
             await self.tunnels.stop(lease_id)
             try:
                 await self.runtime.release(lease_id, claim)

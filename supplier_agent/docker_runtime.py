@@ -10,12 +10,15 @@ import os
 import threading
 from collections.abc import Iterable
 
-from docker.errors import DockerException
+from docker.errors import DockerException, NotFound
+from docker.types.daemon import CancellableStream
 
 from supplier_agent.claims import ClaimManager, ClaimRefused
 from supplier_agent.config import AgentConfig
+from supplier_agent.container_events import close_stream
 from supplier_agent.containers import ContainerError, ContainerRuntime
 from supplier_agent.gpu import Nvml
+from supplier_agent.logs import LogSink
 from supplier_agent.protocol import DockerRun, GpuState
 from supplier_agent.runtime import CommandFailed, ExitReport, ReserveOutcome, RunOutcome
 from supplier_agent.state import Claim
@@ -151,6 +154,42 @@ class DockerRuntime:
             report(lease_id, exit_code, info[1][-LOG_TAIL_CHARS:] if info else "")
 
         self.containers.watch_exits(on_exit, stop)
+
+    def _log_stream(self, container_id: str, tail: int) -> CancellableStream:
+        # The SDK's `container.logs(stream=True)` is a bare generator that cannot be closed
+        # while another thread blocks in it; the stream wrapped like `events()` can be.
+        api = self.containers.client.api
+        try:
+            tty = bool(api.inspect_container(container_id)["Config"].get("Tty"))
+        except NotFound:
+            raise CommandFailed("the lease's container is gone") from None
+        params = {"stdout": 1, "stderr": 1, "follow": 1, "timestamps": 0, "tail": tail}
+        url = api._url("/containers/{0}/logs", container_id)
+        response = api._get(url, params=params, stream=True)
+        return CancellableStream(api._get_result_tty(True, response, tty), response)
+
+    def follow_logs(self, lease_id: str, tail: int, sink: LogSink, stop: threading.Event) -> None:
+        container = self.containers.find(lease_id) if lease_id in self._leases else None
+        if container is None:
+            raise CommandFailed(f"lease {lease_id} has no container on this host")
+        stream = self._log_stream(container.id, tail)
+
+        def close_on_stop() -> None:
+            stop.wait()
+            with contextlib.suppress(Exception):
+                close_stream(stream)
+
+        closer = threading.Thread(target=close_on_stop, daemon=True)
+        closer.start()
+        try:
+            for data in stream:
+                sink(data)
+        except Exception:
+            if not stop.is_set():  # closing the stream under the reader is how it stops
+                raise
+        finally:
+            stop.set()
+            closer.join(timeout=10)
 
     async def container_pids(self, lease_ids: Iterable[str]) -> dict[str, list[int]]:
         def collect() -> dict[str, list[int]]:

@@ -4,10 +4,12 @@ load tests, never to test the agent's own Docker or claim code."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import uuid
 from collections.abc import Iterable
 
+from supplier_agent.logs import LogSink
 from supplier_agent.protocol import DockerRun, GpuState
 from supplier_agent.runtime import CommandFailed, ExitReport, ReserveOutcome, RunOutcome
 from supplier_agent.state import Claim
@@ -15,6 +17,7 @@ from supplier_agent.state import Claim
 MOCK_GPU_NAME = "NVIDIA GeForce RTX 4090"
 MOCK_GPU_MEMORY = 24 * 1024**3
 MOCK_PORT_BASE = 20000
+MOCK_LOG_INTERVAL_S = 1.0
 
 
 class MockRuntime:
@@ -65,6 +68,16 @@ class MockRuntime:
 
     def watch_exits(self, report: ExitReport, stop: threading.Event) -> None:
         stop.wait()  # mock containers never exit on their own
+
+    def follow_logs(self, lease_id: str, tail: int, sink: LogSink, stop: threading.Event) -> None:
+        """A few synthetic lines, so the demo and the hub's tests have output to show."""
+        if lease_id not in self._held:
+            raise CommandFailed(f"lease {lease_id} has no container on this host")
+        sink(b"mock container: started\n")
+        for tick in itertools.count(1):
+            if stop.wait(MOCK_LOG_INTERVAL_S):
+                return
+            sink(f"mock container: tick {tick}\n".encode())
 
     async def prepull(self, images: Iterable[str]) -> None:
         return None

@@ -23,6 +23,13 @@ MAX_PORTS = 16
 MAX_ENV_VARS = 128
 MAX_STR = 4096
 MAX_PIDS = 1024
+# Live logs: a `logs` follow lasts this long unless renewed; a `log_chunk` carries at most this
+# much UTF-8 (the agent also keeps its JSON-escaped size there, so a frame stays under 64 KiB).
+LOG_FOLLOW_TTL_S = 60
+MAX_LOG_TAIL_LINES = 1000
+MAX_LOG_CHUNK_BYTES = 16 * 1024
+# JavaScript's safe integers: seq reaches the renter's page as a number.
+MAX_LOG_SEQ = 2**53 - 1
 
 # Renter env may not steer the GPU runtime or inject code into every process of the image.
 FORBIDDEN_ENV_PREFIXES = ("NVIDIA_", "CUDA_VISIBLE_DEVICES")
@@ -424,6 +431,34 @@ class ContainerExited(Message):
 
 
 @dataclass(frozen=True)
+class LogChunk(Message):
+    """Output of a followed lease's container, stdout and stderr interleaved as they came.
+
+    ``seq`` grows with every chunk of a lease (the agent starts it from the clock in
+    milliseconds, so it keeps growing across an agent restart); ``data`` is UTF-8 text,
+    undecodable bytes replaced, possibly with a ``[... N bytes dropped ...]`` marker where
+    the agent's rate limit cut output.
+    """
+
+    TYPE: ClassVar[str] = "log_chunk"
+    lease_id: str
+    seq: int
+    data: str
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LogChunk:
+        _known(data, {"lease_id", "seq", "data"}, "log_chunk")
+        text = _str(data.get("data"), "log_chunk.data", max_len=MAX_LOG_CHUNK_BYTES)
+        if len(text.encode("utf-8", errors="surrogatepass")) > MAX_LOG_CHUNK_BYTES:
+            raise ProtocolError(f"log_chunk.data is larger than {MAX_LOG_CHUNK_BYTES} bytes")
+        return cls(
+            lease_id=_uuid(data.get("lease_id"), "log_chunk.lease_id"),
+            seq=_int(data.get("seq"), "log_chunk.seq", lo=0, hi=MAX_LOG_SEQ),
+            data=text,
+        )
+
+
+@dataclass(frozen=True)
 class Pong(Message):
     TYPE: ClassVar[str] = "pong"
     nonce: str
@@ -693,6 +728,29 @@ class Release(Command):
 
 
 @dataclass(frozen=True)
+class Logs(Message):
+    """Follow a lease's container output (``follow``: start, or renew for LOG_FOLLOW_TTL_S),
+    or stop following it. ``tail``: how many earlier lines to send first when starting.
+
+    Not a Command: nothing changes state, so there is no command_id, epoch or ack; an agent
+    that cannot follow answers with an ``error`` whose ref is ``logs``."""
+
+    TYPE: ClassVar[str] = "logs"
+    lease_id: str
+    follow: bool = True
+    tail: int = 0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Logs:
+        _known(data, {"lease_id", "follow", "tail"}, "logs")
+        return cls(
+            lease_id=_uuid(data.get("lease_id"), "logs.lease_id"),
+            follow=_expect(data.get("follow", True), bool, "logs.follow"),
+            tail=_int(data.get("tail", 0), "logs.tail", lo=0, hi=MAX_LOG_TAIL_LINES),
+        )
+
+
+@dataclass(frozen=True)
 class Ping(Message):
     TYPE: ClassVar[str] = "ping"
     nonce: str
@@ -721,9 +779,18 @@ class Error(Message):
 
 
 AGENT_TO_HUB = frozenset(
-    {"register", "heartbeat", "ack", "container_exited", "tunnel_state", "pong", "error"}
+    {
+        "register",
+        "heartbeat",
+        "ack",
+        "container_exited",
+        "tunnel_state",
+        "log_chunk",
+        "pong",
+        "error",
+    }
 )
-HUB_TO_AGENT = frozenset({"welcome", "reserve", "docker_run", "release", "ping", "error"})
+HUB_TO_AGENT = frozenset({"welcome", "reserve", "docker_run", "release", "logs", "ping", "error"})
 
 
 def parse_message(frame: str | bytes, *, allowed: frozenset[str] | None = None) -> Message:

@@ -59,4 +59,11 @@ class Runtime(Protocol):
         """Host pids inside each lease's container, for the heartbeat's foreign-process check."""
         ...
 
+    def follow_logs(
+        self, lease_id: str, tail: int, sink: Callable[[bytes], None], stop: threading.Event
+    ) -> None:
+        """Blocking (runs in a thread): feed ``sink`` the lease's container output until the
+        container exits or ``stop`` is set; ``CommandFailed`` if there is nothing to follow."""
+        ...
+
     async def close(self) -> None: ...

@@ -214,12 +214,18 @@ class LeaseSerializer(serializers.Serializer):
 class LeaseLogsSerializer(serializers.Serializer):
     lease_id = serializers.UUIDField(source="id")
     state = serializers.ChoiceField(choices=Lease.State.choices)
-    log_tail = serializers.CharField(
-        help_text="The last lines the hub received from the agent (when the container exited"
-        " or failed). Live logs are not streamed yet: this is a snapshot, often empty while"
-        " the container runs."
+    log = serializers.CharField(
+        help_text="Recent live output (stdout and stderr as they came) that the hub kept while"
+        " someone followed the lease's logs: at most the last 200 chunks, kept a day. Empty"
+        " if nobody followed them."
     )
-    streamed = serializers.BooleanField(help_text="Always false: live streaming is not built yet.")
+    log_tail = serializers.CharField(
+        help_text="The last lines the agent reported when the container exited or failed;"
+        " empty while it runs."
+    )
+    streamed = serializers.BooleanField(
+        help_text="True when `log` holds streamed live output, false when it is empty."
+    )
 
 
 class AccessTokenSerializer(serializers.Serializer):

@@ -27,6 +27,7 @@ from hub.billing.money import micros_from_units
 from hub.catalog import offers
 from hub.catalog.models import Template
 from hub.catalog.services import lease_spec
+from hub.leases import logs as lease_logs
 from hub.leases import services as leases
 from hub.leases.models import Lease
 from hub.suppliers.models import Gpu, Host
@@ -235,16 +236,18 @@ class LeaseStop(APIView):
 
 class LeaseLogs(APIView):
     @extend_schema(
-        summary="What the hub has of a lease's logs (not streamed live yet)",
+        summary="What the hub has of a lease's logs",
         description=(
-            "Live logs are not streamed yet: this returns the tail of the container's output"
-            " that the agent last reported to the hub (when the container exited or failed)."
+            "`log` is the recent live output the hub kept while the lease's logs were followed"
+            " (on its page, or over the dashboard's live socket); `log_tail` is the end of the"
+            " output the agent reported when the container exited or failed."
         ),
         responses={200: s.LeaseLogsSerializer, **AUTH_ONLY, **NOT_FOUND},
     )
     def get(self, request: Request, pk: str) -> Response:
         lease = get_object_or_404(Lease.objects.filter(renter=request.user), pk=pk)
-        lease.streamed = False  # type: ignore[attr-defined]
+        lease.log = lease_logs.backlog_text(str(lease.pk))  # type: ignore[attr-defined]
+        lease.streamed = bool(lease.log)  # type: ignore[attr-defined]
         return Response(s.LeaseLogsSerializer(lease).data)
 
 

@@ -14,6 +14,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from redis.exceptions import RedisError
 
+from hub.leases import logs as lease_logs
 from hub.leases import services as lease_services
 from hub.suppliers import liveness, services
 from hub.tunnels import services as tunnel_services
@@ -23,6 +24,7 @@ from supplier_agent.protocol import (
     ContainerExited,
     Error,
     Heartbeat,
+    LogChunk,
     Message,
     Pong,
     ProtocolError,
@@ -50,6 +52,11 @@ FRAME_WINDOW_S = 10.0
 CLOSE_TOO_MANY_FRAMES = 4429
 CLOSE_SUPERSEDED = 4409
 CLOSE_NO_REGISTER = 4408
+# Live log chunks have their own budget instead (several followed leases at the agent's own
+# cap of 64 KiB/s each); past it chunks are dropped, the socket stays.
+LOG_BYTES_PER_WINDOW = 4 * 1024 * 1024
+# Leases whose host this socket has checked; bounded so a lying agent cannot grow it forever.
+MAX_LOG_LEASES_CACHED = 256
 
 # Close codes: a refused token closes before accept (HTTP 403 at the handshake); revocation
 # of a live connection closes with 4403.
@@ -81,6 +88,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self._flagged: set[str] = set()  # leases already flagged for foreign processes
         self._window_started = time.monotonic()
         self._frames_in_window = 0
+        self._log_bytes_in_window = 0
+        self._log_leases: dict[str, bool] = {}  # lease id -> on this socket's host
         await self.channel_layer.group_add(services.token_group(token.pk), self.channel_name)
         await self.accept()
         # A socket that never registers holds resources without being a host: close it.
@@ -113,16 +122,23 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await _db(services.detach_channel)(self.host_id, self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        try:
+            message: Message | None = parse_message(
+                text_data if text_data is not None else (bytes_data or b""), allowed=AGENT_TO_HUB
+            )
+            refusal = None
+        except ProtocolError as exc:
+            message, refusal = None, exc
+        if isinstance(message, LogChunk) and self.host_id is not None:
+            # Output comes in bursts: it has a byte budget, not a share of the frame limit.
+            await self._log_chunk(message)
+            return
         if self._flooding():
             log.warning("agent on host %s sends too many frames; closing", self.host_id)
             await self.close(code=CLOSE_TOO_MANY_FRAMES)
             return
-        try:
-            message = parse_message(
-                text_data if text_data is not None else (bytes_data or b""), allowed=AGENT_TO_HUB
-            )
-        except ProtocolError as exc:
-            await self._reply(Error(reason=str(exc)))
+        if message is None:
+            await self._reply(Error(reason=str(refusal)))
             return
         try:
             await self._handle(message)
@@ -135,11 +151,43 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self._reply(Error(reason=f"the hub could not process {message.TYPE}"))
 
     def _flooding(self) -> bool:
-        now = time.monotonic()
-        if now - self._window_started > FRAME_WINDOW_S:
-            self._window_started, self._frames_in_window = now, 0
+        self._roll_window()
         self._frames_in_window += 1
         return self._frames_in_window > MAX_FRAMES_PER_WINDOW
+
+    def _roll_window(self) -> None:
+        now = time.monotonic()
+        if now - self._window_started > FRAME_WINDOW_S:
+            self._window_started = now
+            self._frames_in_window = self._log_bytes_in_window = 0
+
+    async def _log_chunk(self, message: LogChunk) -> None:
+        assert self.host_id is not None
+        self._roll_window()
+        self._log_bytes_in_window += len(message.data)
+        if self._log_bytes_in_window > LOG_BYTES_PER_WINDOW:
+            return
+        allowed = self._log_leases.get(message.lease_id)
+        if allowed is None:
+            allowed = await _db(lease_logs.lease_on_host)(message.lease_id, self.host_id)
+            if len(self._log_leases) >= MAX_LOG_LEASES_CACHED:
+                self._log_leases.clear()
+            self._log_leases[message.lease_id] = allowed
+            if not allowed:
+                log.warning(
+                    "agent on host %s sent logs of lease %s, not its own",
+                    self.host_id,
+                    message.lease_id,
+                )
+                await self._reply(
+                    Error(reason=f"lease {message.lease_id} is not on this host", ref="log_chunk")
+                )
+        if not allowed:
+            return
+        try:
+            await lease_logs.publish(message)
+        except RedisError as exc:
+            log.warning("log chunk of lease %s not published: %s", message.lease_id, exc)
 
     async def _handle(self, message: Message) -> None:
         if isinstance(message, Register):

@@ -5,12 +5,19 @@ snapshot only when it changed; the page's script then refreshes the fragments th
 (htmx). Polling keeps the lease and supplier services free of any dashboard hook, and one
 indexed query per open page per second is cheap. The route is wrapped in Channels' origin
 validator and session auth (hub/routing.py); anonymous sockets are refused.
+
+A page may also follow a lease's live output (``{"type": "logs.subscribe", "lease_id": ...}``):
+the socket joins the lease's log group (hub/leases/logs.py), sends the kept backlog, and asks
+the lease's agent to follow, renewing that every LOG_RENEW_S while subscribed. Unsubscribing
+or closing the page just stops renewing: another page may follow the same lease, and the agent
+stops on its own when nobody renews.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -18,13 +25,18 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.db.models import Max
 
+from hub.leases import logs as lease_logs
 from hub.leases.models import Lease
 from hub.suppliers.models import Host
 from hub.tunnels.models import Tunnel
+from supplier_agent.protocol import Logs, encode
 
 POLL_INTERVAL_S = 1.0
 RECENT_LEASES = 50
 CLOSE_UNAUTHENTICATED = 4401
+# Well inside the agent's LOG_FOLLOW_TTL_S (60 s): one lost renewal does not stop the stream.
+LOG_RENEW_S = 30.0
+MAX_LOG_SUBSCRIPTIONS = 4
 
 
 def snapshot(user_id: int) -> dict[str, Any]:
@@ -63,6 +75,25 @@ def snapshot(user_id: int) -> dict[str, Any]:
     }
 
 
+def followed_lease(user_id: int, lease_id: str) -> tuple[str, str] | None:
+    """(state, agent channel) of the person's own lease; None for anyone else's."""
+    row = (
+        Lease.objects.filter(pk=lease_id, renter_id=user_id)
+        .values_list("state", "host__channel_name")
+        .first()
+    )
+    return None if row is None else (row[0], row[1])
+
+
+def _lease_id(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        return None
+
+
 class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -71,6 +102,8 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             return
         self.user_id = user.pk
         self.poller: asyncio.Task[None] | None = None
+        self.log_renewers: dict[str, asyncio.Task[None]] = {}
+        self.log_seen: dict[str, int] = {}  # lease id -> newest seq sent to the page
         await self.accept()
         self.poller = asyncio.create_task(self._poll())
 
@@ -80,11 +113,91 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await poller
+        for lease_id in list(getattr(self, "log_renewers", {})):
+            await self._unsubscribe(lease_id)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        """The page sends nothing that matters; a ping gets the current picture at once."""
-        if isinstance(content, dict) and content.get("type") == "ping":
+        """A ping gets the current picture at once; logs.subscribe / logs.unsubscribe follow
+        a lease's output or stop."""
+        if not isinstance(content, dict):
+            return
+        kind = content.get("type")
+        if kind == "ping":
             await self.send_json(await database_sync_to_async(snapshot)(self.user_id))
+        elif kind in {"logs.subscribe", "logs.unsubscribe"}:
+            lease_id = _lease_id(content.get("lease_id"))
+            if lease_id is None:
+                await self.send_json({"type": "error", "reason": "lease_id must be a lease id"})
+            elif kind == "logs.subscribe":
+                await self._subscribe(lease_id)
+            else:
+                await self._unsubscribe(lease_id)
+
+    async def _subscribe(self, lease_id: str) -> None:
+        found = await database_sync_to_async(followed_lease)(self.user_id, lease_id)
+        if found is None:
+            await self.send_json({"type": "error", "lease_id": lease_id, "reason": "no such lease"})
+            return
+        if lease_id in self.log_renewers:
+            # Asked again (the page saw the lease start running): ask the agent now.
+            await self._ask_agent(lease_id, *found, tail=0)
+            return
+        if len(self.log_renewers) >= MAX_LOG_SUBSCRIPTIONS:
+            await self.send_json(
+                {"type": "error", "lease_id": lease_id, "reason": "too many logs followed"}
+            )
+            return
+        # Join first, then read the backlog: a chunk published in between arrives twice at
+        # worst, and the seq check in lease_log drops the second copy.
+        await self.channel_layer.group_add(lease_logs.group_name(lease_id), self.channel_name)
+        kept = await lease_logs.backlog(lease_id)
+        self.log_seen[lease_id] = max((entry.get("seq", 0) for entry in kept), default=0)
+        await self.send_json(
+            {
+                "type": "log",
+                "lease_id": lease_id,
+                "seq": self.log_seen[lease_id],
+                "data": "".join(entry["data"] for entry in kept),
+                "backlog": True,
+            }
+        )
+        tail = 0 if kept else lease_logs.FIRST_TAIL_LINES
+        await self._ask_agent(lease_id, *found, tail=tail)
+        self.log_renewers[lease_id] = asyncio.create_task(self._renew(lease_id))
+
+    async def _unsubscribe(self, lease_id: str) -> None:
+        renewer = self.log_renewers.pop(lease_id, None)
+        if renewer is None:
+            return
+        renewer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewer
+        self.log_seen.pop(lease_id, None)
+        await self.channel_layer.group_discard(lease_logs.group_name(lease_id), self.channel_name)
+
+    async def _ask_agent(self, lease_id: str, state: str, channel: str, *, tail: int) -> None:
+        if state != Lease.State.RUNNING or not channel:
+            return  # nothing runs yet (or any more); the page asks again when it starts
+        frame = encode(Logs(lease_id=lease_id, follow=True, tail=tail))
+        # The agent's socket forwards agent.command frames as they are (hub/suppliers).
+        await self.channel_layer.send(channel, {"type": "agent.command", "frame": frame})
+
+    async def _renew(self, lease_id: str) -> None:
+        while True:
+            await asyncio.sleep(LOG_RENEW_S)
+            found = await database_sync_to_async(followed_lease)(self.user_id, lease_id)
+            if found is not None:
+                await self._ask_agent(lease_id, *found, tail=0)
+
+    async def lease_log(self, event: dict[str, Any]) -> None:
+        lease_id = event.get("lease_id")
+        seen = self.log_seen.get(lease_id)  # type: ignore[arg-type]
+        if seen is None or event["seq"] <= seen:
+            return
+        self.log_seen[lease_id] = event["seq"]  # type: ignore[index]
+        await self.send_json(
+            {"type": "log", "lease_id": lease_id, "seq": event["seq"], "data": event["data"]}
+        )
 
     async def _poll(self) -> None:
         last: dict[str, Any] | None = None

@@ -295,3 +295,78 @@ def test_a_container_that_exits_on_its_own_is_reported_with_its_code(
         exited = hub.wait_for(conn, "container_exited", lambda m: m.lease_id == lease)
         assert exited.exit_code == 3
         assert "out of memory" in exited.log_tail
+
+
+def _chunks(conn: PeerConnection, lease: str) -> list[object]:
+    return [
+        m for m in conn.received if getattr(m, "TYPE", None) == "log_chunk" and m.lease_id == lease
+    ]  # type: ignore[attr-defined]
+
+
+def _text(conn: PeerConnection, lease: str) -> str:
+    return "".join(chunk.data for chunk in _chunks(conn, lease))  # type: ignore[attr-defined]
+
+
+def test_live_logs_arrive_in_order_and_stop_when_the_hub_says_so(
+    host: Host, busybox_image: str, lease_cleanup: list[str], tmp_path: Path
+) -> None:
+    lease = str(uuid.uuid4())
+    lease_cleanup.append(lease)
+    script = "i=0; while true; do i=$((i+1)); echo line $i; echo err $i >&2; sleep 0.1; done"
+    with HubPeer(new_token()) as hub, _agent(host, hub, "a", tmp_path / "a.log") as (_, conn):
+        unknown = str(uuid.uuid4())
+        hub.send(conn, {"type": "logs", "lease_id": unknown, "follow": True, "tail": 0})
+        refused = hub.wait_for(conn, "error", lambda m: unknown in m.reason)
+        assert refused.ref == "logs"
+
+        assert hub.command(conn, "reserve", lease, 1, gpus="0").ok
+        run = hub.command(
+            conn, "docker_run", lease, 1, image=busybox_image, command=["sh", "-c", script]
+        )
+        assert run.ok, run.error
+        hub.send(conn, {"type": "logs", "lease_id": lease, "follow": True, "tail": 5})
+        hub.wait(lambda: "line 12\n" in _text(conn, lease), what="a dozen lines of output")
+        with hub._cond:
+            seqs = [chunk.seq for chunk in _chunks(conn, lease)]  # type: ignore[attr-defined]
+            lines = _text(conn, lease).splitlines()
+        assert seqs == sorted(set(seqs))
+        numbers = [int(line.split()[1]) for line in lines if line.startswith("line ")]
+        assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+        assert any(line.startswith("err ") for line in lines)  # stderr too
+
+        hub.send(conn, {"type": "logs", "lease_id": lease, "follow": False})
+        hub.send(conn, {"type": "ping", "nonce": "after-stop"})
+        hub.wait_for(conn, "pong", lambda m: m.nonce == "after-stop")
+        stopped_at = len(_chunks(conn, lease))
+        # What was read before the stop may still be flushed once; then nothing comes.
+        with pytest.raises(AssertionError, match="timed out"):
+            hub.wait(lambda: len(_chunks(conn, lease)) > stopped_at + 1, timeout_s=2)
+
+
+def test_a_flood_of_output_is_capped_and_says_what_was_dropped(
+    host: Host, busybox_image: str, lease_cleanup: list[str], tmp_path: Path
+) -> None:
+    from supplier_agent import logs
+
+    lease = str(uuid.uuid4())
+    lease_cleanup.append(lease)
+    # About 640 KiB/s, ten times the cap (and little enough not to fill Docker's log files).
+    script = "while true; do head -c 32768 /dev/zero | tr '\\0' x; echo; sleep 0.05; done"
+    with HubPeer(new_token()) as hub, _agent(host, hub, "a", tmp_path / "a.log") as (_, conn):
+        assert hub.command(conn, "reserve", lease, 1, gpus="0").ok
+        run = hub.command(
+            conn, "docker_run", lease, 1, image=busybox_image, command=["sh", "-c", script]
+        )
+        assert run.ok, run.error
+        hub.send(conn, {"type": "logs", "lease_id": lease, "follow": True, "tail": 0})
+        hub.wait(lambda: len(_chunks(conn, lease)) >= 25, what="25 chunks")
+        hub.send(conn, {"type": "logs", "lease_id": lease, "follow": False})
+        with hub._cond:
+            chunks = _chunks(conn, lease)[:25]
+        assert "bytes dropped ...]" in "".join(c.data for c in chunks)  # type: ignore[attr-defined]
+        # seq is the emission time in milliseconds while chunks come at most 10 a second.
+        elapsed_s = (chunks[-1].seq - chunks[0].seq) / 1000  # type: ignore[attr-defined]
+        sent = sum(c.data.count("x") for c in chunks)  # type: ignore[attr-defined]
+        assert sent <= logs.BYTES_PER_S * (1 + elapsed_s) + logs.CHUNK_BYTES
+        assert len(chunks) <= logs.CHUNKS_PER_S * elapsed_s + 2
+        assert all(len(c.data.encode()) <= 16 * 1024 for c in chunks)  # type: ignore[attr-defined]

@@ -16,6 +16,8 @@ from supplier_agent.protocol import (
     GpuProcess,
     GpuState,
     Heartbeat,
+    LogChunk,
+    Logs,
     ProtocolError,
     Register,
     Release,
@@ -77,6 +79,9 @@ def _run(**fields: object) -> dict[str, object]:
             warmup=("curl", "-f", "http://127.0.0.1:8000/health"),
         ),
         Release(command_id=COMMAND, lease_id=LEASE, epoch=2, reason="renter_stop"),
+        Logs(lease_id=LEASE, follow=True, tail=100),
+        Logs(lease_id=LEASE, follow=False),
+        LogChunk(lease_id=LEASE, seq=1_700_000_000_000, data="épocha 1 \ufffd\n\x1b[31mred\n"),
     ],
 )
 def test_every_message_survives_a_round_trip(message: object) -> None:
@@ -103,6 +108,30 @@ def test_every_message_survives_a_round_trip(message: object) -> None:
         (json.dumps(_run(cache_volume={"name": "hf", "path": "../etc"})), "absolute folder"),
         (json.dumps(_run(extra=1)), "unknown field(s) extra"),
         (json.dumps(_run(epoch=-1)), "epoch must be at least 0"),
+        (json.dumps({"type": "logs", "v": 1, "lease_id": LEASE, "tail": 1001}), "at most 1000"),
+        (json.dumps({"type": "logs", "v": 1, "lease_id": LEASE, "tail": -1}), "at least 0"),
+        (json.dumps({"type": "logs", "v": 1, "lease_id": LEASE, "follow": 1}), "a boolean"),
+        (json.dumps({"type": "logs", "v": 1, "lease_id": "x"}), "must be a UUID"),
+        (
+            json.dumps({"type": "log_chunk", "v": 1, "lease_id": LEASE, "seq": -1, "data": "x"}),
+            "at least 0",
+        ),
+        (
+            json.dumps({"type": "log_chunk", "v": 1, "lease_id": LEASE, "seq": 1, "data": 5}),
+            "must be a string",
+        ),
+        (
+            json.dumps({"type": "log_chunk", "v": 1, "lease_id": LEASE, "seq": 2**53, "data": "x"}),
+            "at most",
+        ),
+        (
+            # 6,000 three-byte characters: under the character limit, over 16 KiB of UTF-8.
+            json.dumps(
+                {"type": "log_chunk", "v": 1, "lease_id": LEASE, "seq": 1, "data": "€" * 6000},
+                ensure_ascii=False,
+            ),
+            "larger than 16384 bytes",
+        ),
     ],
 )
 def test_bad_frames_get_a_reason(frame: str, reason: str) -> None:
@@ -122,6 +151,14 @@ def test_each_side_accepts_only_its_own_message_types() -> None:
     assert isinstance(parse_message(reserve, allowed=HUB_TO_AGENT), Reserve)
     with pytest.raises(ProtocolError, match="unknown message type"):
         parse_message(reserve, allowed=AGENT_TO_HUB)
+    logs = encode(Logs(lease_id=LEASE))
+    chunk = encode(LogChunk(lease_id=LEASE, seq=1, data="x"))
+    assert isinstance(parse_message(logs, allowed=HUB_TO_AGENT), Logs)
+    assert isinstance(parse_message(chunk, allowed=AGENT_TO_HUB), LogChunk)
+    with pytest.raises(ProtocolError, match="unknown message type"):
+        parse_message(logs, allowed=AGENT_TO_HUB)
+    with pytest.raises(ProtocolError, match="unknown message type"):
+        parse_message(chunk, allowed=HUB_TO_AGENT)
 
 
 @pytest.mark.parametrize(

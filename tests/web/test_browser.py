@@ -132,7 +132,11 @@ def test_a_renter_signs_up_rents_watches_it_run_stops_it_and_sees_the_cost(
             _assert_not_reloaded(page)
             expect(page.locator(".lease-url")).to_have_count(1)
             expect(page.locator(".lease-url")).to_contain_text("-i.tunnels.test/")
-            expect(page.locator("#lease-logs")).to_contain_text("Logs appear when the container")
+            expect(page.locator("#lease-logs")).to_contain_text("shown live below")
+            # The mock agent's container output, streamed live into the page.
+            expect(page.locator("#live-log")).to_contain_text("mock container: started")
+            expect(page.locator("#live-log")).to_contain_text("mock container: tick 1")
+            _assert_not_reloaded(page)
             screenshot(page, "lease-running")
 
             lease = Lease.objects.get(renter__username=renter)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from rest_framework.test import APIClient
 
 from hub.accounts.models import User
 from hub.catalog.models import Template
+from hub.leases import logs as lease_logs
 from hub.leases.models import Command, Lease
+from hub.suppliers import liveness
 from hub.suppliers.models import Gpu, Host
 from hub.tunnels import access
 from hub.tunnels import services as tunnels
@@ -140,9 +144,20 @@ def test_a_running_lease_shows_its_urls_cost_and_logs(
     assert logs == {
         "lease_id": str(lease.pk),
         "state": "running",
+        "log": "",
         "log_tail": "hello from the container\n",
         "streamed": False,
     }
+    # Chunks kept while the renter's page followed the lease (hub/leases/logs.py).
+    key = lease_logs.backlog_key(str(lease.pk))
+    for seq, data in ((1, "epoch 1\n"), (2, "epoch 2\n")):
+        liveness.sync_client().rpush(key, json.dumps({"seq": seq, "data": data}))
+    try:
+        logs = api.get(f"/api/v1/leases/{lease.pk}/logs/").json()
+    finally:
+        liveness.sync_client().delete(key)
+    assert logs["log"] == "epoch 1\nepoch 2\n"
+    assert logs["streamed"] is True
 
 
 def test_a_protected_lease_gets_an_access_token(api: APIClient, renter: User) -> None:
@@ -249,7 +264,7 @@ def test_the_schema_and_docs_are_served_without_a_cdn(client: object) -> None:
     schema = client.get("/api/schema/")  # type: ignore[attr-defined]
     assert schema.status_code == 200
     assert b"/api/v1/leases/{id}/logs/" in schema.content
-    assert b"Live logs are not streamed yet" in schema.content
+    assert b"recent live output the hub kept" in schema.content
     docs = client.get("/api/docs/")  # type: ignore[attr-defined]
     assert docs.status_code == 200
     assert b"cdn" not in docs.content.lower()

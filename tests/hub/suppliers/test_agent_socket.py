@@ -3,22 +3,26 @@ channel layer and the real database."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import Any
 
 import pytest
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hub.accounts.models import User
 from hub.asgi import application
+from hub.leases import logs as lease_logs
 from hub.lib.tokens import generate_token
 from hub.suppliers import consumers, liveness, services
 from hub.suppliers.models import Gpu, Host, HostTransition
 from supplier_agent.protocol import MAX_FRAME_BYTES
+from tests.hub import factories as f
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -303,3 +307,56 @@ async def test_a_socket_that_never_registers_is_closed(settings: Any) -> None:
     output = await communicator.receive_output(timeout=10)
     assert output == {"type": "websocket.close", "code": consumers.CLOSE_NO_REGISTER}
     await communicator.disconnect()
+
+
+def _chunk(lease_id: str, seq: int, data: str) -> str:
+    return json.dumps({"type": "log_chunk", "v": 1, "lease_id": lease_id, "seq": seq, "data": data})
+
+
+async def test_log_chunks_of_its_own_lease_reach_the_followers_and_the_backlog() -> None:
+    _, plaintext = await _supplier_token()
+    communicator, welcome = await _registered(plaintext)
+    host_id = int(welcome["host_id"])
+    lease = await database_sync_to_async(f.start_lease)(await Host.objects.aget(pk=host_id))
+    other_host = await database_sync_to_async(f.register_host)()
+    other_lease = await database_sync_to_async(f.start_lease)(other_host)
+    layer = get_channel_layer()
+    follower = await layer.new_channel()
+    await layer.group_add(lease_logs.group_name(str(lease.pk)), follower)
+    await layer.group_add(lease_logs.group_name(str(other_lease.pk)), follower)
+    try:
+        await communicator.send_to(text_data=_chunk(str(other_lease.pk), 1, "not yours\n"))
+        await communicator.send_to(text_data=_chunk(str(other_lease.pk), 2, "still not\n"))
+        await communicator.send_to(text_data=_chunk(str(lease.pk), 7, "hello\n"))
+        # Refused once per lease with a reason; the later chunk of that lease is dropped quietly.
+        assert await _round_trip(communicator) == [
+            {
+                "type": "error",
+                "v": 1,
+                "reason": f"lease {other_lease.pk} is not on this host",
+                "ref": "log_chunk",
+            }
+        ]
+        event = await asyncio.wait_for(layer.receive(follower), timeout=5)
+        assert event == {
+            "type": "lease.log",
+            "lease_id": str(lease.pk),
+            "seq": 7,
+            "data": "hello\n",
+        }
+        assert await lease_logs.backlog(str(lease.pk)) == [{"seq": 7, "data": "hello\n"}]
+        assert await lease_logs.backlog(str(other_lease.pk)) == []
+        # Output is not frames: many chunks do not trip the flood limit.
+        for seq in range(8, 8 + consumers.MAX_FRAMES_PER_WINDOW + 50):
+            await communicator.send_to(text_data=_chunk(str(lease.pk), seq, f"{seq}\n"))
+        assert await _round_trip(communicator) == []
+        kept = await lease_logs.backlog(str(lease.pk))
+        assert len(kept) == lease_logs.BACKLOG_CHUNKS
+        assert kept[-1]["seq"] == 7 + consumers.MAX_FRAMES_PER_WINDOW + 50
+    finally:
+        await layer.group_discard(lease_logs.group_name(str(lease.pk)), follower)
+        await layer.group_discard(lease_logs.group_name(str(other_lease.pk)), follower)
+        liveness.sync_client().delete(lease_logs.backlog_key(str(lease.pk)))
+        await communicator.disconnect()
+        liveness.forget(host_id)
+        liveness.forget(other_host.pk)

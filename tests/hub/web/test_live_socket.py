@@ -3,15 +3,22 @@ checks, and state changes pushed without asking."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
 import pytest
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from hub.asgi import application
+from hub.leases import logs as lease_logs
 from hub.leases.models import Lease
+from hub.suppliers import liveness
+from hub.suppliers.models import Host
+from supplier_agent.protocol import LogChunk
 from tests.hub import factories as f
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -69,3 +76,65 @@ async def test_the_renter_gets_their_lease_states_and_changes_only() -> None:
     changed = await socket.receive_json_from(timeout=5)
     assert changed["leases"][str(lease.pk)]["state"] == "starting"
     await socket.disconnect()
+
+
+async def test_a_renter_follows_the_live_output_of_their_own_lease_only() -> None:
+    host = await database_sync_to_async(f.register_host)()
+    layer = get_channel_layer()
+    agent_channel = await layer.new_channel()  # stands in for the agent's socket
+    await database_sync_to_async(
+        lambda: Host.objects.filter(pk=host.pk).update(channel_name=agent_channel)
+    )()
+    lease = await database_sync_to_async(f.run_lease)(host)
+    other_lease = await database_sync_to_async(f.start_lease)(
+        await database_sync_to_async(f.register_host)()
+    )
+    renter = await database_sync_to_async(lambda: lease.renter)()
+    lease_id = str(lease.pk)
+    await lease_logs.publish(LogChunk(lease_id=lease_id, seq=1, data="kept line\n"))
+    cookie = await database_sync_to_async(_session_cookie)(renter)
+    socket = _socket([(b"origin", ORIGIN), (b"cookie", cookie)])
+    try:
+        assert (await socket.connect())[0]
+        assert (await socket.receive_json_from(timeout=5))["type"] == "snapshot"
+
+        await socket.send_json_to({"type": "logs.subscribe", "lease_id": str(other_lease.pk)})
+        refused = await socket.receive_json_from(timeout=5)
+        assert refused == {
+            "type": "error",
+            "lease_id": str(other_lease.pk),
+            "reason": "no such lease",
+        }
+
+        await socket.send_json_to({"type": "logs.subscribe", "lease_id": lease_id})
+        backlog = await socket.receive_json_from(timeout=5)
+        assert backlog == {
+            "type": "log",
+            "lease_id": lease_id,
+            "seq": 1,
+            "data": "kept line\n",
+            "backlog": True,
+        }
+        # The agent is asked to follow (the agent socket forwards the frame as it is).
+        command = await asyncio.wait_for(layer.receive(agent_channel), timeout=5)
+        assert command["type"] == "agent.command"
+        assert json.loads(command["frame"]) == {
+            "type": "logs",
+            "v": 1,
+            "lease_id": lease_id,
+            "follow": True,
+            "tail": 0,
+        }
+
+        await lease_logs.publish(LogChunk(lease_id=lease_id, seq=1, data="kept line\n"))
+        await lease_logs.publish(LogChunk(lease_id=lease_id, seq=2, data="live line\n"))
+        await lease_logs.publish(LogChunk(lease_id=str(other_lease.pk), seq=3, data="secret\n"))
+        live = await socket.receive_json_from(timeout=5)  # the repeated seq 1 is dropped
+        assert live == {"type": "log", "lease_id": lease_id, "seq": 2, "data": "live line\n"}
+        await socket.send_json_to({"type": "logs.unsubscribe", "lease_id": lease_id})
+        await lease_logs.publish(LogChunk(lease_id=lease_id, seq=4, data="after\n"))
+        assert await socket.receive_nothing(timeout=1)
+    finally:
+        await socket.disconnect()
+        for key in (lease_id, str(other_lease.pk)):
+            liveness.sync_client().delete(lease_logs.backlog_key(key))

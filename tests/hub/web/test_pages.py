@@ -123,7 +123,8 @@ def test_renting_with_a_template_opens_the_lease_page_with_the_access_token_once
     assert lease.stop_at is not None
     first = client.get(response["Location"]).content.decode()
     assert "cgpa_" in first
-    assert "Logs appear when the container exits" in first
+    assert "shown live below" in first
+    assert f'data-live-logs="{lease.pk}"' in first  # live.js follows this lease's output
     assert "cgpa_" not in client.get(response["Location"]).content.decode()
 
 

@@ -2,6 +2,7 @@
 // signed-in person's lease and host states; this refreshes the fragments that show them.
 // Fragments opt in with data-live-lease="<id>", data-live-host="<id>" or data-live-hosts and
 // an hx-get plus hx-trigger="cloudgpu:refresh"; state badges with data-lease-badge="<id>".
+// A panel with data-live-logs="<lease id>" follows that lease's live output into its <pre>.
 (function () {
   "use strict";
   var path = document.body.getAttribute("data-live");
@@ -9,6 +10,28 @@
   var previous = null;
   var retryMs = 1000;
   var dot = document.getElementById("live-dot");
+  var socket = null;
+  var logsPanel = document.querySelector("[data-live-logs]");
+  var logsLease = logsPanel ? logsPanel.getAttribute("data-live-logs") : null;
+  var logPre = logsPanel ? logsPanel.querySelector("pre") : null;
+  var MAX_LOG_CHARS = 200000;
+
+  function subscribeLogs() {
+    if (logsLease && socket && socket.readyState === WebSocket.OPEN) {
+      socket.send(JSON.stringify({ type: "logs.subscribe", lease_id: logsLease }));
+    }
+  }
+
+  function showLog(message) {
+    if (!logPre || message.lease_id !== logsLease) return;
+    var atBottom = logPre.scrollTop + logPre.clientHeight >= logPre.scrollHeight - 8;
+    var text = (message.backlog ? "" : logPre.textContent) + message.data;
+    if (text.length > MAX_LOG_CHARS) text = text.slice(text.length - MAX_LOG_CHARS);
+    logPre.textContent = text;
+    if (atBottom) logPre.scrollTop = logPre.scrollHeight;
+    var note = document.getElementById("live-log-note");
+    if (note && text) note.hidden = true;
+  }
 
   function refresh(selector) {
     document.querySelectorAll(selector).forEach(function (el) {
@@ -29,6 +52,8 @@
       if (first || !old.leases[id] || old.leases[id].sig !== lease.sig) {
         refresh('[data-live-lease="' + id + '"]');
       }
+      var was = old.leases[id] ? old.leases[id].state : null;
+      if (id === logsLease && lease.state === "running" && was !== "running") subscribeLogs();
     });
     var oldIds = Object.keys(old.hosts).sort().join(",");
     var newIds = Object.keys(snapshot.hosts).sort().join(",");
@@ -46,14 +71,16 @@
 
   function connect() {
     var scheme = location.protocol === "https:" ? "wss://" : "ws://";
-    var socket = new WebSocket(scheme + location.host + path);
+    socket = new WebSocket(scheme + location.host + path);
     socket.onopen = function () {
       retryMs = 1000;
+      subscribeLogs();
       if (dot) { dot.classList.add("on"); dot.title = "live updates on"; }
     };
     socket.onmessage = function (event) {
       var message = JSON.parse(event.data);
       if (message.type === "snapshot") apply(message);
+      else if (message.type === "log") showLog(message);
     };
     socket.onclose = function () {
       if (dot) { dot.classList.remove("on"); dot.title = "live updates reconnecting"; }
