@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
 from django import template
 from django.utils.html import format_html
@@ -97,3 +98,24 @@ def sparkline(
         label,
         points,
     )
+
+
+_END_REASONS = {
+    "renter_stop": "You stopped it.",
+    "expired": "It reached the keep-alive limit you set.",
+    "no_funds": "Your balance ran out (out of funds). Top up to rent again.",
+    "host_lost": (
+        "The host went away and did not come back in time. Time it was away is not charged."
+    ),
+    "admin": "An administrator stopped it.",
+    "error": "It could not be started on the host.",
+}
+
+
+@register.filter
+def end_reason_words(lease: Any) -> str:
+    """Why a lease ended, as a sentence a renter understands."""
+    if lease.end_reason == "exited":
+        code = "" if lease.exit_code is None else f" with exit code {lease.exit_code}"
+        return f"The container exited on its own{code}."
+    return _END_REASONS.get(lease.end_reason, lease.get_end_reason_display())

@@ -188,6 +188,27 @@ def test_stop_releases_the_lease() -> None:
     assert lease.end_reason == Lease.EndReason.RENTER_STOP
 
 
+@pytest.mark.parametrize(
+    ("reason", "exit_code", "words"),
+    [
+        ("no_funds", None, "Your balance ran out (out of funds)"),
+        ("host_lost", None, "The host went away"),
+        ("exited", 137, "The container exited on its own with exit code 137."),
+        ("expired", None, "keep-alive limit"),
+    ],
+)
+def test_a_lease_page_says_why_it_ended_in_words(
+    reason: str, exit_code: int | None, words: str
+) -> None:
+    renter = _funded_renter()
+    lease = f.start_lease(_priced_host(), renter=renter)
+    Lease.objects.filter(pk=lease.pk).update(
+        state=Lease.State.ENDED, end_reason=reason, exit_code=exit_code
+    )
+    page = _client(renter).get(reverse("web:lease-panel", args=[lease.pk])).content.decode()
+    assert words in page
+
+
 def test_pages_need_login() -> None:
     client = Client()
     for name in ("web:leases", "web:usage", "web:hosts", "web:tokens", "web:earnings"):
