@@ -328,9 +328,16 @@ try:
     TUNNEL_GATEWAY_SECRET = env_secret("TUNNEL_GATEWAY_SECRET")
 except EnvError as exc:
     raise ImproperlyConfigured(str(exc)) from None
-# Ports on the gateway's loopback that forwards listen on.
-TUNNEL_LISTEN_PORT_MIN = env_int("TUNNEL_LISTEN_PORT_MIN", 20000)
-TUNNEL_LISTEN_PORT_MAX = env_int("TUNNEL_LISTEN_PORT_MAX", 59999)
+# Ports on the gateway's loopback that forwards listen on. Below Linux's ephemeral range
+# (32768-60999): the edge's own connections to forwards take local ports from that range, and a
+# forward whose port one of them holds cannot listen.
+TUNNEL_LISTEN_PORT_MIN = env_int("TUNNEL_LISTEN_PORT_MIN", 10000)
+TUNNEL_LISTEN_PORT_MAX = env_int("TUNNEL_LISTEN_PORT_MAX", 32767)
+if not 1024 <= TUNNEL_LISTEN_PORT_MIN <= TUNNEL_LISTEN_PORT_MAX <= 65535:
+    raise ImproperlyConfigured(
+        "TUNNEL_LISTEN_PORT_MIN..MAX must be a range within 1024-65535, "
+        f"not {TUNNEL_LISTEN_PORT_MIN}-{TUNNEL_LISTEN_PORT_MAX}"
+    )
 # A port freed by a lease is not handed to another for this long, so that a forward an
 # unreachable agent still holds cannot capture a new renter's URL.
 TUNNEL_PORT_QUARANTINE_S = env_int("TUNNEL_PORT_QUARANTINE_S", 3600)

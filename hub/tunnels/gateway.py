@@ -84,6 +84,16 @@ def _locked(user: str) -> bool:
     return entry is not None and len(entry) > 1 and entry[1].startswith("!")
 
 
+def ephemeral_ports() -> tuple[int, int] | None:
+    """Linux's range for outgoing connections' local ports (the hub's forward ports must stay
+    out of it, or the edge's own connections can take a forward's port)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    except (OSError, ValueError):
+        return None
+    return int(low), int(high)
+
+
 def check_folder(options: GatewayOptions) -> None:
     # sshd refuses an AuthorizedKeysCommand below a folder anyone else may write to.
     for folder in [options.folder.resolve(), *options.folder.resolve().parents]:
@@ -164,6 +174,14 @@ def run(options: GatewayOptions, secret: str, ready: Path | None = None) -> int:
         supervisor.start(
             "nginx", ["nginx", "-c", str(folder / "nginx.conf")], stop_signal=signal.SIGQUIT
         )
+        ephemeral = ephemeral_ports()
+        if ephemeral:
+            print(
+                "tunnel gateway: this machine's ephemeral ports are "
+                f"{ephemeral[0]}-{ephemeral[1]}; the hub's TUNNEL_LISTEN_PORT_MIN/MAX must not "
+                "overlap them",
+                flush=True,
+            )
         print(
             f"tunnel gateway: ssh on {options.ssh_host}:{options.ssh_port}, "
             f"http on {options.http_host}:{options.http_port}, hub {options.hub_url}",
