@@ -57,7 +57,10 @@ class Host(models.Model):
     maintenance = models.BooleanField(default=False)
     # Conservative deadline kept in Postgres (refreshed at most every stats interval); the
     # precise one lives in Redis (see hub/suppliers/liveness.py).
-    offline_after = models.DateTimeField(null=True, blank=True, db_index=True)
+    # Not indexed: every heartbeat-side write changes it, and an index on it would make each of
+    # those updates non-HOT (a new index entry per write). The offline sweep reads Redis first;
+    # its Postgres fallback scans online hosts, which is cheap at fleet sizes.
+    offline_after = models.DateTimeField(null=True, blank=True)
     last_seen_at = models.DateTimeField(null=True, blank=True)
     # The Channels channel of the connection that holds this host's agent, if any.
     channel_name = models.CharField(max_length=200, blank=True)

@@ -43,6 +43,9 @@ def create_agent_token(owner: User, name: str = "") -> tuple[AgentToken, str]:
     return token, plaintext
 
 
+TOKEN_LAST_USED_RESOLUTION = timedelta(minutes=10)
+
+
 def authenticate_agent_token(plaintext: str | None) -> AgentToken | None:
     if not plaintext or not tokens.well_formed(plaintext):
         return None  # a mistyped or made-up token costs no query
@@ -53,7 +56,11 @@ def authenticate_agent_token(plaintext: str | None) -> AgentToken | None:
     )
     if token is None or not token.owner.is_active:
         return None
-    AgentToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+    now = timezone.now()
+    # "Used recently?" is all people read from it: a reconnect storm must not become a storm of
+    # token-row writes queued on the web process's one database thread (docs/benchmarks.md).
+    if token.last_used_at is None or token.last_used_at < now - TOKEN_LAST_USED_RESOLUTION:
+        AgentToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return token
 
 

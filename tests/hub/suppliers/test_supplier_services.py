@@ -43,7 +43,17 @@ def test_authenticate_accepts_a_valid_token_and_notes_its_use() -> None:
     token, plaintext = f.make_token()
     assert services.authenticate_agent_token(plaintext) == token
     token.refresh_from_db()
-    assert token.last_used_at is not None
+    first = token.last_used_at
+    assert first is not None
+    # Within the resolution a reconnect writes nothing; past it, the time moves on.
+    assert services.authenticate_agent_token(plaintext) == token
+    token.refresh_from_db()
+    assert token.last_used_at == first
+    stale = first - services.TOKEN_LAST_USED_RESOLUTION - timedelta(seconds=1)
+    AgentToken.objects.filter(pk=token.pk).update(last_used_at=stale)
+    services.authenticate_agent_token(plaintext)
+    token.refresh_from_db()
+    assert token.last_used_at > first
 
 
 def test_authenticate_rejects_an_unknown_well_formed_token() -> None:
