@@ -154,8 +154,10 @@ def run(options: GatewayOptions, secret: str, ready: Path | None = None) -> int:
     check(options)
     render(options, secret)
     check_folder(options)
+    # sshd's privilege-separation root; `sshd -t` refuses the configuration without it, and on
+    # a fresh machine (or a tmpfs /run after boot) nothing else has made it yet.
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     validate(options)
-    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation root
     folder = options.folder
     supervisor = Supervisor()
     listener = SshListener(
