@@ -6,15 +6,14 @@ import json
 import logging
 from datetime import timedelta
 
-from asgiref.sync import async_to_sync
 from celery import shared_task
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from hub.leases import services
 from hub.leases.models import Command
+from hub.lib import channel_send
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +49,7 @@ def dispatch_command(command_id: str) -> str:
             return "no connection"
         # channel_layer.send, not group_send: exactly one connection holds a host. A send
         # that reaches a connection which just closed is simply re-sent by the sweep.
-        async_to_sync(get_channel_layer().send)(
-            channel, {"type": "agent.command", "frame": json.dumps(command.payload)}
-        )
+        channel_send.send(channel, {"type": "agent.command", "frame": json.dumps(command.payload)})
         command.state = Command.State.SENT
         command.attempts += 1
         command.sent_at = now
