@@ -151,7 +151,22 @@ def serve(state: Path, host: str, port: int) -> int:
         )
         supervisor.start(
             "worker",
-            [python, "-m", "celery", "-A", "hub", "worker", "-l", "INFO", "-c", "2"],
+            # Gossip and mingle sync workers with each other: one worker needs neither,
+            # and each held a Redis connection.
+            [
+                python,
+                "-m",
+                "celery",
+                "-A",
+                "hub",
+                "worker",
+                "-l",
+                "INFO",
+                "-c",
+                "2",
+                "--without-gossip",
+                "--without-mingle",
+            ],
             env=env,
             cwd=BASE_DIR,
         )

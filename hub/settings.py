@@ -43,9 +43,10 @@ try:
             "elsewhere set REDIS_URL=redis://host:6379/0"
         )
     DATABASES = {"default": database_from_url(_database_url)}
-    # 0 closes connections after each request or socket message; a deployment with many agent
-    # sockets sets it (e.g. 60) to keep one connection per worker thread.
-    DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 0)
+    # Kept per thread: Daphne's database threads and Celery's workers reuse one connection each
+    # instead of paying 8-10 ms (and cold catalogue caches) per socket message or task
+    # (docs/benchmarks.md). The health check replaces a connection Postgres dropped.
+    DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 except EnvError as exc:
     raise ImproperlyConfigured(str(exc)) from None
@@ -203,6 +204,9 @@ CHANNEL_LAYERS = {
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = REDIS_URL
 CELERY_RESULT_EXPIRES = 3600
+# Nothing reads the control plane's task results (the health probe opts back in): storing them
+# cost a Redis write and a connection per worker for nothing.
+CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -226,11 +230,15 @@ LOGGING = {
 AGENT_HEARTBEAT_INTERVAL_S = env_int("AGENT_HEARTBEAT_INTERVAL_S", 15)
 # An agent socket must send `register` this soon after connecting.
 AGENT_REGISTER_TIMEOUT_S = env_int("AGENT_REGISTER_TIMEOUT_S", 30)
+# Threads (each with a database connection) a web process gives its agent sockets' queries.
+AGENT_DB_THREADS = env_int("AGENT_DB_THREADS", 4)
 # A host is offline this long after its last heartbeat.
 HOST_OFFLINE_AFTER_S = env_int("HOST_OFFLINE_AFTER_S", 45)
 # Full GPU telemetry is written to Postgres on change, or at least this often; liveness itself
 # goes to Redis on every heartbeat (Kubernetes' node-lease pattern).
 HOST_STATS_WRITE_INTERVAL_S = env_int("HOST_STATS_WRITE_INTERVAL_S", 60)
+# That telemetry waits in Redis and is written to Postgres this often, many hosts per statement.
+HOST_STATS_FLUSH_INTERVAL_S = env_int("HOST_STATS_FLUSH_INTERVAL_S", 2)
 # Leases on an offline host wait this long for it to come back before ending with host_lost.
 LEASE_HOST_GRACE_S = env_int("LEASE_HOST_GRACE_S", 600)
 # Unacked commands are re-sent this often until their deadline.
@@ -248,6 +256,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(SWEEP_INTERVAL_S),
         # A sweep not started by the next tick is pointless: the next one does its work.
         "options": {"expires": float(SWEEP_INTERVAL_S)},
+    },
+    "flush-heartbeat-stats": {
+        "task": "suppliers.flush_heartbeat_stats",
+        "schedule": float(HOST_STATS_FLUSH_INTERVAL_S),
+        # Overlapping flushes would only split the same work: the next tick takes what is left.
+        "options": {"expires": float(HOST_STATS_FLUSH_INTERVAL_S)},
     },
     "redispatch-commands": {
         "task": "leases.redispatch_commands",

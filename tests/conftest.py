@@ -10,6 +10,16 @@ from pathlib import Path
 
 import pytest
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The hub keeps a connection per thread (DATABASE_CONN_MAX_AGE, 60 s); in this process the
+    # threads behind database_sync_to_async would keep theirs past the test and stop pytest-django
+    # from dropping the test database. The hubs the tests start run with the real setting.
+    from django.conf import settings
+
+    settings.DATABASES["default"]["CONN_MAX_AGE"] = 0
+
+
 BUSYBOX_STATIC = Path("/bin/busybox")
 TEST_IMAGE = "cloudgpu-test/busybox:latest"
 

@@ -3,6 +3,7 @@ picking a popular template starts in seconds instead of waiting for a multi-GB p
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 from django.conf import settings
@@ -14,6 +15,39 @@ from hub.leases.models import Lease
 from hub.suppliers.models import Gpu
 
 USAGE_WINDOW = timedelta(days=30)
+# The ranking is catalogue-wide (only the VRAM filter depends on the host) and changes slowly,
+# while a reconnect storm registers thousands of hosts a minute: one GROUP BY over 30 days of
+# leases per registration was the storm's most expensive query.
+RANKING_TTL_S = 300.0
+
+_ranking: tuple[float, tuple[tuple[str, int], ...]] | None = None
+
+
+def clear_ranking() -> None:
+    """Forget the cached ranking (tests; an admin change shows within RANKING_TTL_S anyway)."""
+    global _ranking
+    _ranking = None
+
+
+def _ranked_images() -> tuple[tuple[str, int], ...]:
+    """Listed catalogue images, most rented in the last 30 days first, each with the least VRAM
+    a listed template of it needs; cached per process for RANKING_TTL_S."""
+    global _ranking
+    now = time.monotonic()
+    if _ranking is not None and now - _ranking[0] < RANKING_TTL_S:
+        return _ranking[1]
+    needs: dict[str, int] = {}
+    for image, vram in Template.objects.filter(listed=True).values_list("image", "min_vram_bytes"):
+        needs[image] = min(vram, needs.get(image, vram))
+    usage = (
+        Lease.objects.filter(created_at__gte=timezone.now() - USAGE_WINDOW, image__in=list(needs))
+        .values("image")
+        .annotate(n=Count("pk"), last=Max("created_at"))
+        .order_by("-n", "-last")
+    )
+    ranked = tuple((row["image"], needs[row["image"]]) for row in usage)
+    _ranking = (now, ranked)
+    return ranked
 
 
 def images_for(host_id: int) -> tuple[str, ...]:
@@ -29,17 +63,4 @@ def images_for(host_id: int) -> tuple[str, ...]:
         ]
         or 0
     )
-    fitting = set(
-        Template.objects.filter(listed=True, min_vram_bytes__lte=largest).values_list(
-            "image", flat=True
-        )
-    )
-    if not fitting:
-        return ()
-    usage = (
-        Lease.objects.filter(created_at__gte=timezone.now() - USAGE_WINDOW, image__in=fitting)
-        .values("image")
-        .annotate(n=Count("pk"), last=Max("created_at"))
-        .order_by("-n", "-last")[:limit]
-    )
-    return tuple(row["image"] for row in usage)
+    return tuple(image for image, vram in _ranked_images() if vram <= largest)[:limit]

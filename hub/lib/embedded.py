@@ -109,6 +109,11 @@ class EmbeddedPostgres:
         port = _choose_port(meta.get("port"))
         meta["port"] = port
         _write_private(self.meta_path, json.dumps(meta))
+        options = []
+        if (bin_dir.parent / "lib" / "pg_stat_statements.so").exists():
+            # Statement counts per query shape (`make bench` reports statements per heartbeat);
+            # a few bytes per statement of shared memory.
+            options = ["-c", "shared_preload_libraries=pg_stat_statements"]
         child = supervisor.start(
             "postgres",
             [
@@ -121,6 +126,7 @@ class EmbeddedPostgres:
                 str(port),
                 "-k",
                 "",  # no Unix socket: loopback TCP only, like a managed database
+                *options,
             ],
             log_path=self.log_path,
             user=run_as.uid if run_as else None,

@@ -6,17 +6,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.db import close_old_connections
 from redis.exceptions import RedisError
 
 from hub.leases import logs as lease_logs
 from hub.leases import services as lease_services
-from hub.suppliers import liveness, services
+from hub.suppliers import heartbeat_batch, services
 from hub.tunnels import services as tunnel_services
 from supplier_agent.protocol import (
     AGENT_TO_HUB,
@@ -38,12 +40,28 @@ from supplier_agent.protocol import (
 log = logging.getLogger(__name__)
 
 
+# Agent sockets' queries run on a small pool of threads, each with its own persistent
+# connection (DATABASE_CONN_MAX_AGE), not on Channels' one thread-sensitive thread: there every
+# registration of a web process queued behind the others, round trip by round trip, which is
+# what held a reconnect storm to ~7 registrations/s (docs/benchmarks.md). One socket's messages
+# are still handled one at a time, so its queries keep their order; rows two sockets share are
+# locked by the services, as they must be anyway against Celery.
+_agent_db_threads = ThreadPoolExecutor(
+    max_workers=settings.AGENT_DB_THREADS, thread_name_prefix="agent-db"
+)
+
+
 def _db(function: Any) -> Any:
-    # Thread-sensitive (Channels' default): every socket of a web process shares one thread
-    # for its queries. Simple and safe with Django's connection handling; at 10,000 agents a
-    # process this is the first thing to measure (see the benchmarks issue), since a slow
-    # query stalls every socket of that process.
-    return database_sync_to_async(function)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        finally:
+            # Also inside the call's context: asgiref (3.13) runs the function in a copy of the
+            # caller's context, and database_sync_to_async's own clean-up, outside it, was seen
+            # to miss the connection the call opened (it stayed open past CONN_MAX_AGE).
+            close_old_connections()
+
+    return database_sync_to_async(run, thread_sensitive=False, executor=_agent_db_threads)
 
 
 # A well-behaved agent sends a heartbeat every 15 s plus an ack per command.
@@ -229,28 +247,33 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def _heartbeat(self, message: Heartbeat) -> None:
         assert self.host_id is not None
         now = time.time()
-        # Liveness: one Redis write. Postgres only on change or every stats interval.
+        signature = services.telemetry_signature(message)
+        since_write = now - self._stats_written_at
+        # A floor between writes whatever changed: a chatty agent cannot hammer Postgres.
+        due = since_write >= settings.AGENT_HEARTBEAT_INTERVAL_S / 2 and (
+            signature != self._stats_signature
+            or since_write >= settings.HOST_STATS_WRITE_INTERVAL_S
+        )
+        # Liveness, and telemetry when due, go to Redis in one batched write; the flush task
+        # moves the telemetry to Postgres many hosts at a time.
         try:
-            await liveness.touch(self.host_id, now + settings.HOST_OFFLINE_AFTER_S)
-            redis_ok = True
+            await heartbeat_batch.record(
+                self.host_id,
+                now + settings.HOST_OFFLINE_AFTER_S,
+                heartbeat_batch.pending_entry(encode(message), now) if due else None,
+            )
         except RedisError as exc:
-            log.warning("liveness not recorded in Redis (%s); writing to Postgres", exc)
-            redis_ok = False
+            log.warning("heartbeat not recorded in Redis (%s); writing to Postgres", exc)
+            due = since_write >= settings.AGENT_HEARTBEAT_INTERVAL_S / 2
+            if due:
+                await _db(services.write_heartbeat_stats)(self.host_id, message)
+        if due:
+            self._stats_signature = signature
+            self._stats_written_at = now
         found = services.foreign_processes(message)
         if found and set(found) - self._flagged:
             await _db(services.flag_foreign_processes)(self.host_id, found)
             self._flagged.update(found)
-        signature = services.telemetry_signature(message)
-        since_write = now - self._stats_written_at
-        if since_write >= settings.AGENT_HEARTBEAT_INTERVAL_S / 2 and (
-            # A floor between writes whatever changed: a chatty agent cannot hammer Postgres.
-            not redis_ok
-            or signature != self._stats_signature
-            or since_write >= settings.HOST_STATS_WRITE_INTERVAL_S
-        ):
-            await _db(services.write_heartbeat_stats)(self.host_id, message)
-            self._stats_signature = signature
-            self._stats_written_at = now
 
     async def _reply(self, message: Message) -> None:
         await self.send(text_data=encode(message))

@@ -1,15 +1,15 @@
 """Host liveness in Redis: one sorted-set member per host, scored by its offline deadline.
 
-A heartbeat is one ZADD, not a Postgres row update, so 10,000 agents cost Redis a few hundred
-cheap writes a second and Postgres nothing. Postgres keeps a conservative copy of the deadline
-(written with the stats at most every HOST_STATS_WRITE_INTERVAL_S, plus that interval), so a
-Redis restart only makes offline detection late, never wrong.
+A heartbeat is a ZADD (batched per web process by heartbeat_batch), not a Postgres row update,
+so 10,000 agents cost Redis a few cheap pipelines a second and Postgres nothing. Postgres keeps
+a conservative copy of the deadline (written with the stats at most every
+HOST_STATS_WRITE_INTERVAL_S, plus that interval), so a Redis restart only makes offline
+detection late, never wrong.
 """
 
 from __future__ import annotations
 
 import redis
-from channels.layers import get_channel_layer
 from django.conf import settings
 
 LIVENESS_KEY = "cloudgpu:host-liveness"
@@ -22,13 +22,6 @@ def sync_client() -> redis.Redis:
     if _sync_client is None:
         _sync_client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
     return _sync_client
-
-
-async def touch(host_id: int, deadline: float) -> None:
-    # The channel layer's own per-event-loop connection pool on the same Redis: no second
-    # pool per web process, and it is closed with its loop.
-    connection = get_channel_layer().connection(0)
-    await connection.zadd(LIVENESS_KEY, {str(host_id): deadline})
 
 
 def deadline_of(host_id: int) -> float | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -15,9 +14,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from hub.accounts.models import User
-from hub.lib import tokens
-from hub.suppliers import liveness
-from hub.suppliers.models import AgentToken, Gpu, GpuSample, Host, HostTransition
+from hub.lib import channel_send, tokens
+from hub.suppliers import liveness, stats
+from hub.suppliers.models import AgentToken, Gpu, Host, HostTransition
+from hub.suppliers.stats import pg_offline_after
 from supplier_agent.protocol import GpuState, Heartbeat, Register
 
 log = logging.getLogger(__name__)
@@ -72,8 +72,7 @@ def revoke_agent_token(token_id: int) -> bool:
         )
 
     if revoked:
-        layer = get_channel_layer()
-        async_to_sync(layer.group_send)(token_group(token_id), {"type": "agent.revoked"})
+        channel_send.group_send(token_group(token_id), {"type": "agent.revoked"})
         # Group membership expires after a day in channels_redis; long-lived agent sockets are
         # reached through their hosts' channels as well.
         for channel in (
@@ -81,7 +80,7 @@ def revoke_agent_token(token_id: int) -> bool:
             .exclude(channel_name="")
             .values_list("channel_name", flat=True)
         ):
-            async_to_sync(layer.send)(channel, {"type": "agent.revoked"})
+            channel_send.send(channel, {"type": "agent.revoked"})
     return bool(revoked)
 
 
@@ -118,14 +117,6 @@ def _set_status(host: Host, status: str, reason: str) -> None:
         host.status = status
 
 
-def pg_offline_after(now: datetime) -> datetime:
-    # Conservative: Postgres is refreshed only every stats interval, so its deadline must
-    # outlast that interval too; Redis holds the precise one.
-    return now + timedelta(
-        seconds=settings.HOST_OFFLINE_AFTER_S + settings.HOST_STATS_WRITE_INTERVAL_S
-    )
-
-
 def register_host(token_id: int, message: Register, channel_name: str) -> Registered:
     from hub.leases.services import reconcile_claims
 
@@ -159,6 +150,8 @@ def register_host(token_id: int, message: Register, channel_name: str) -> Regist
             liveness.LIVENESS_KEY, {str(host.pk): time.time() + settings.HOST_OFFLINE_AFTER_S}
         )
     if previous_channel and previous_channel != channel_name:
+        # Called from the agent socket's own loop (through database_sync_to_async), where
+        # async_to_sync reuses that loop and its Redis pool.
         async_to_sync(get_channel_layer().send)(previous_channel, {"type": "agent.superseded"})
     from hub.catalog.prepull import images_for  # the catalogue builds on suppliers, not back
 
@@ -218,58 +211,9 @@ def telemetry_signature(message: Heartbeat) -> tuple[object, ...]:
 
 
 def write_heartbeat_stats(host_id: int, message: Heartbeat) -> None:
-    """Full telemetry, on change or every stats interval (the consumer decides when)."""
-    now = timezone.now()
-    with transaction.atomic():
-        host = Host.objects.select_for_update(no_key=True).get(pk=host_id)
-        host.last_seen_at = now
-        host.offline_after = pg_offline_after(now)
-        if host.status != Host.Status.ONLINE:
-            # Back on the same connection before the grace ran out: its leases go on.
-            from hub.leases.services import note_host_back
-
-            note_host_back(host_id)
-        _set_status(host, Host.Status.ONLINE, "heartbeat")
-        host.save(update_fields=["last_seen_at", "offline_after", "status"])
-        gpus = {
-            g.index: g for g in Gpu.objects.select_for_update(no_key=True).filter(host_id=host_id)
-        }
-        for state in message.gpus:
-            gpu = gpus.get(state.index)
-            if gpu is None:
-                continue  # a GPU that appeared since register: the next register adds it
-            _apply_telemetry(gpu, state, now)
-            gpu.save(
-                update_fields=[
-                    "memory_total_bytes",
-                    "memory_used_bytes",
-                    "utilization_pct",
-                    "processes",
-                    "stats_updated_at",
-                ]
-            )
-        _record_samples(gpus.values(), now)
-
-
-def _record_samples(gpus: Iterable[Gpu], now: datetime) -> None:
-    """One sparkline point per GPU per telemetry write; older than a day is dropped."""
-    samples = [
-        GpuSample(
-            gpu=gpu,
-            at=now,
-            utilization_pct=gpu.utilization_pct,
-            memory_used_bytes=gpu.memory_used_bytes,
-            memory_total_bytes=gpu.memory_total_bytes,
-        )
-        for gpu in gpus
-        if gpu.stats_updated_at == now
-    ]
-    if samples:
-        GpuSample.objects.bulk_create(samples)
-        GpuSample.objects.filter(
-            gpu__in=[s.gpu for s in samples],
-            at__lt=now - timedelta(hours=GpuSample.RETENTION_HOURS),
-        ).delete()
+    """One host's full telemetry, now (the agent socket's path when Redis is down; otherwise
+    telemetry goes through Redis and the flush task, many hosts at a time)."""
+    stats.write([stats.HostStats(host_id=host_id, at=timezone.now(), message=message)])
 
 
 @dataclass(frozen=True)

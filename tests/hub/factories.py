@@ -18,7 +18,7 @@ from django.utils import timezone
 from hub.accounts.models import User
 from hub.leases import services as lease_services
 from hub.leases.models import Command, Lease
-from hub.suppliers import liveness
+from hub.suppliers import heartbeat_batch, liveness
 from hub.suppliers import services as supplier_services
 from hub.suppliers.models import AgentToken, Host
 from supplier_agent.protocol import Ack, ClaimState, GpuProcess, GpuState, Heartbeat, Register
@@ -117,8 +117,22 @@ def private_liveness_set() -> Iterator[str]:
         liveness.sync_client().delete(key)
 
 
+@contextmanager
+def private_pending_hash() -> Iterator[str]:
+    """Point hub.suppliers.heartbeat_batch at a pending-telemetry hash of this test's own, for
+    the same reason as private_liveness_set."""
+    original = heartbeat_batch.PENDING_KEY
+    key = f"{original}:test-{uuid.uuid4().hex}"
+    heartbeat_batch.PENDING_KEY = key
+    try:
+        yield key
+    finally:
+        heartbeat_batch.PENDING_KEY = original
+        liveness.sync_client().delete(key)
+
+
 def set_liveness_deadline(host_id: int, deadline: datetime) -> None:
-    # liveness.touch is the agent socket's async writer; this is the same ZADD, synchronously.
+    # The agent socket writes this through heartbeat_batch; the same ZADD, synchronously.
     liveness.sync_client().zadd(liveness.LIVENESS_KEY, {str(host_id): deadline.timestamp()})
 
 

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from hub.catalog import prepull
 from hub.catalog.models import Template
 from hub.catalog.prepull import images_for
 from hub.suppliers import services as supplier_services
@@ -18,14 +19,18 @@ GIB = 1 << 30
 
 @pytest.fixture(autouse=True)
 def liveness_set() -> Iterator[str]:
+    prepull.clear_ranking()
     with f.private_liveness_set() as key:
         yield key
+    prepull.clear_ranking()
 
 
-def _rent(images: list[str]) -> None:
-    host = f.register_host(gpus=range(len(images)))
+def _rent(images: list[str], *, fresh_ranking: bool = True) -> None:
+    host = f.register_host(gpus=range(len(images)))  # registering ranks (and caches) too
     for index, image in enumerate(images):
         f.start_lease(host, [index], image=image)
+    if fresh_ranking:
+        prepull.clear_ranking()
 
 
 def test_the_most_rented_fitting_catalogue_images_are_pulled_ahead(settings: object) -> None:
@@ -52,3 +57,17 @@ def test_registration_hands_the_list_to_the_agent() -> None:
     message = f.register_message(None, gpus=(f.gpu_state(0, memory_total_bytes=24 * GIB),))
     registered = supplier_services.register_host(token.pk, message, "")
     assert registered.prepull_images == (jupyter,)
+
+
+def test_the_ranking_is_computed_once_for_many_registrations() -> None:
+    jupyter = Template.objects.get(slug="pytorch-jupyterlab").image
+    ubuntu = Template.objects.get(slug="ubuntu-ssh").image
+    _rent([jupyter, jupyter, ubuntu])
+    host = f.register_host(gpus=(f.gpu_state(0, memory_total_bytes=24 * GIB),))
+    assert images_for(host.pk) == (jupyter, ubuntu)
+
+    _rent([ubuntu, ubuntu], fresh_ranking=False)  # ubuntu is now the most rented...
+    assert images_for(host.pk) == (jupyter, ubuntu)  # ...but the cached ranking stands
+
+    prepull.clear_ranking()
+    assert images_for(host.pk) == (ubuntu, jupyter)

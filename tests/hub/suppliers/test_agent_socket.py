@@ -19,7 +19,7 @@ from hub.accounts.models import User
 from hub.asgi import application
 from hub.leases import logs as lease_logs
 from hub.lib.tokens import generate_token
-from hub.suppliers import consumers, liveness, services
+from hub.suppliers import consumers, heartbeat_batch, liveness, services, stats
 from hub.suppliers.models import Gpu, Host, HostTransition
 from supplier_agent.protocol import MAX_FRAME_BYTES
 from tests.hub import factories as f
@@ -151,26 +151,29 @@ async def test_register_brings_the_host_online_with_its_gpus(legacy: bool) -> No
     liveness.forget(host.pk)
 
 
-async def test_heartbeats_move_liveness_in_redis_and_write_postgres_only_on_change() -> None:
+async def test_heartbeats_move_liveness_in_redis_and_queue_telemetry_only_on_change() -> None:
     _, plaintext = await _supplier_token()
-    communicator, welcome = await _registered(plaintext)
-    host_id = int(welcome["host_id"])
-    before = liveness.deadline_of(host_id)
-    gpu = await database_sync_to_async(Gpu.objects.get)(host_id=host_id, index=0)
+    with f.private_pending_hash():
+        communicator, welcome = await _registered(plaintext)
+        host_id = int(welcome["host_id"])
+        before = liveness.deadline_of(host_id)
+        gpu = await database_sync_to_async(Gpu.objects.get)(host_id=host_id, index=0)
 
-    await communicator.send_to(text_data=_heartbeat(utilization=40))
-    await _round_trip(communicator)
-    await database_sync_to_async(gpu.refresh_from_db)()
-    assert gpu.utilization_pct == 40
-    written = gpu.stats_updated_at
+        await communicator.send_to(text_data=_heartbeat(utilization=40))
+        await _round_trip(communicator)
+        assert liveness.deadline_of(host_id) > before
+        assert await database_sync_to_async(stats.flush_pending)() == 1
+        await database_sync_to_async(gpu.refresh_from_db)()
+        assert gpu.utilization_pct == 40
+        written = gpu.stats_updated_at
 
-    await communicator.send_to(text_data=_heartbeat(utilization=41))  # same 5% step
-    await _round_trip(communicator)
-    await database_sync_to_async(gpu.refresh_from_db)()
-    assert gpu.stats_updated_at == written
-    assert gpu.utilization_pct == 40
-    assert liveness.deadline_of(host_id) > before
-    await communicator.disconnect()
+        await communicator.send_to(text_data=_heartbeat(utilization=41))  # same 25% step
+        await _round_trip(communicator)
+        assert heartbeat_batch.take_pending() == {}
+        await database_sync_to_async(gpu.refresh_from_db)()
+        assert gpu.stats_updated_at == written
+        assert gpu.utilization_pct == 40
+        await communicator.disconnect()
     liveness.forget(host_id)
 
 

@@ -1,0 +1,141 @@
+"""Heartbeats' batched writes: the group commit into Redis and the flush into Postgres, on the
+real Redis and the real database."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from hub.suppliers import heartbeat_batch, liveness, stats
+from hub.suppliers.models import Gpu, GpuSample, Host
+from supplier_agent.protocol import encode
+from tests.hub import factories as f
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _private_keys() -> Iterator[None]:
+    with f.private_liveness_set(), f.private_pending_hash():
+        yield
+
+
+def _zadd_calls() -> int:
+    return int(liveness.sync_client().info("commandstats").get("cmdstat_zadd", {}).get("calls", 0))
+
+
+async def test_concurrent_heartbeats_share_their_redis_writes() -> None:
+    hosts = range(1, 201)
+    deadline = time.time() + 45
+    before = _zadd_calls()
+
+    await asyncio.gather(
+        *(
+            heartbeat_batch.record(host, deadline + host, f"telemetry-{host}" if host % 2 else None)
+            for host in hosts
+        )
+    )
+    calls = _zadd_calls() - before
+
+    # Every heartbeat is in Redis once its call returns...
+    for host in hosts:
+        assert liveness.deadline_of(host) == pytest.approx(deadline + host)
+    pending = liveness.sync_client().hgetall(heartbeat_batch.PENDING_KEY)
+    assert {int(k): v.decode() for k, v in pending.items()} == {
+        host: f"telemetry-{host}" for host in hosts if host % 2
+    }
+    # ...and 200 of them cost a few pipelines, not 200 writes (the bound leaves room for
+    # other clients of this Redis).
+    assert calls < 50
+
+
+def test_a_batch_of_hosts_is_written_in_a_few_statements() -> None:
+    hosts = [f.register_host(gpus=[0, 1]) for _ in range(30)]
+    at = timezone.now()
+    items = [
+        stats.HostStats(
+            host_id=host.pk,
+            at=at,
+            message=f.heartbeat(
+                [
+                    f.gpu_state(0, utilization_pct=n, memory_used_bytes=n * f.GIB, pids=[n + 1]),
+                    f.gpu_state(1, utilization_pct=100 - n),
+                ]
+            ),
+        )
+        for n, host in enumerate(hosts)
+    ]
+
+    with CaptureQueriesContext(connection) as queries:
+        stats.write(items)
+
+    # Hosts, GPUs, samples, pruning (plus the transaction): not a handful per host.
+    assert len(queries.captured_queries) <= 6
+    for n, host in enumerate(hosts):
+        host.refresh_from_db()
+        assert host.last_seen_at == at
+        gpus = {gpu.index: gpu for gpu in Gpu.objects.filter(host=host)}
+        assert gpus[0].utilization_pct == n
+        assert gpus[0].memory_used_bytes == n * f.GIB
+        assert gpus[0].processes == [{"pid": n + 1, "name": "python", "memory_bytes": f.GIB}]
+        assert gpus[1].utilization_pct == 100 - n
+        assert gpus[0].stats_updated_at == at
+    assert GpuSample.objects.filter(gpu__host__in=hosts, at=at).count() == 60
+
+
+def test_an_older_entry_never_overwrites_a_newer_one() -> None:
+    host = f.register_host(gpus=[0])
+    now = timezone.now()
+    stats.write([stats.HostStats(host.pk, now, f.heartbeat([f.gpu_state(0, utilization_pct=70)]))])
+    older = now - timedelta(seconds=30)
+    stats.write(
+        [stats.HostStats(host.pk, older, f.heartbeat([f.gpu_state(0, utilization_pct=10)]))]
+    )
+
+    gpu = Gpu.objects.get(host=host, index=0)
+    assert gpu.utilization_pct == 70
+    assert gpu.stats_updated_at == now
+    assert Host.objects.get(pk=host.pk).last_seen_at == now
+
+
+def test_the_newest_entry_per_host_wins_within_a_batch() -> None:
+    host = f.register_host(gpus=[0])
+    now = timezone.now()
+    stats.write(
+        [
+            stats.HostStats(host.pk, now, f.heartbeat([f.gpu_state(0, utilization_pct=55)])),
+            stats.HostStats(host.pk, now - timedelta(seconds=15), f.heartbeat([f.gpu_state(0)])),
+        ]
+    )
+    assert Gpu.objects.get(host=host, index=0).utilization_pct == 55
+
+
+def test_the_flush_moves_pending_telemetry_to_postgres_and_drops_unreadable_entries() -> None:
+    good = f.register_host(gpus=[0])
+    bad = f.register_host(gpus=[0])
+    bad_written = Gpu.objects.get(host=bad, index=0).stats_updated_at
+    message = f.heartbeat([f.gpu_state(0, utilization_pct=91, memory_used_bytes=7 * f.GIB)])
+    client = liveness.sync_client()
+    client.hset(
+        heartbeat_batch.PENDING_KEY,
+        mapping={
+            str(good.pk): heartbeat_batch.pending_entry(encode(message), time.time()),
+            str(bad.pk): json.dumps({"at": time.time(), "frame": '{"type": "heartbeat"}'}),
+        },
+    )
+
+    assert stats.flush_pending() == 1
+
+    gpu = Gpu.objects.get(host=good, index=0)
+    assert (gpu.utilization_pct, gpu.memory_used_bytes) == (91, 7 * f.GIB)
+    assert Gpu.objects.get(host=bad, index=0).stats_updated_at == bad_written
+    assert client.exists(heartbeat_batch.PENDING_KEY) == 0
+    assert stats.flush_pending() == 0
