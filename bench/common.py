@@ -514,9 +514,14 @@ def pg_snapshot(url: str) -> dict[str, int]:
         ).fetchone()
         statements = None
         with contextlib.suppress(psycopg.Error):
+            # Statements the hub sends, and apart from them the foreign-key checks Postgres runs
+            # itself per inserted row (pg_stat_statements lists those as statements too).
             statements = conn.execute(
-                "SELECT sum(calls) FROM pg_stat_statements s JOIN pg_database d"
-                " ON d.oid = s.dbid WHERE d.datname = current_database()"
+                "SELECT coalesce(sum(calls) FILTER (WHERE query NOT LIKE %(fk)s), 0),"
+                " coalesce(sum(calls) FILTER (WHERE query LIKE %(fk)s), 0)"
+                " FROM pg_stat_statements s JOIN pg_database d"
+                " ON d.oid = s.dbid WHERE d.datname = current_database()",
+                {"fk": "SELECT $2 FROM ONLY % FOR KEY SHARE OF x"},
             ).fetchone()
     assert commits is not None
     assert tables is not None
@@ -529,6 +534,7 @@ def pg_snapshot(url: str) -> dict[str, int]:
     }
     if statements is not None and statements[0] is not None:
         snapshot["statements"] = int(statements[0])
+        snapshot["fk_checks"] = int(statements[1])
     return snapshot
 
 

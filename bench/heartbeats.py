@@ -51,6 +51,7 @@ def pg_cost(delta: dict[str, int], heartbeats: int) -> dict[str, Any]:
     }
     if "statements" in delta:
         cost["statements_per_heartbeat"] = round(delta["statements"] / per, 4)
+        cost["fk_checks_per_heartbeat"] = round(delta.get("fk_checks", 0) / per, 4)
     return cost
 
 
