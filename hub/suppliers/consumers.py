@@ -108,7 +108,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self._frames_in_window = 0
         self._log_bytes_in_window = 0
         self._log_leases: dict[str, bool] = {}  # lease id -> on this socket's host
-        await self.channel_layer.group_add(services.token_group(token.pk), self.channel_name)
+        # No per-token group: revocation reaches registered sockets through their hosts'
+        # channels, and `register` re-checks the token. A group_add (and group_discard) per
+        # connection cost a pooled Redis connection per concurrent handshake in a storm.
         await self.accept()
         # A socket that never registers holds resources without being a host: close it.
         self._register_deadline = asyncio.create_task(self._close_unless_registered())
@@ -132,10 +134,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
         deadline = getattr(self, "_register_deadline", None)
         if deadline is not None:
             deadline.cancel()
-        if self.token_id is not None:
-            await self.channel_layer.group_discard(
-                services.token_group(self.token_id), self.channel_name
-            )
         if self.host_id is not None:
             await _db(services.detach_channel)(self.host_id, self.channel_name)
 

@@ -23,11 +23,6 @@ from supplier_agent.protocol import GpuState, Heartbeat, Register
 log = logging.getLogger(__name__)
 
 
-def token_group(token_id: int) -> str:
-    """Channels group of every live connection authenticated by one token."""
-    return f"agent-token-{token_id}"
-
-
 # --- tokens -------------------------------------------------------------------------------------
 
 
@@ -72,9 +67,8 @@ def revoke_agent_token(token_id: int) -> bool:
         )
 
     if revoked:
-        channel_send.group_send(token_group(token_id), {"type": "agent.revoked"})
-        # Group membership expires after a day in channels_redis; long-lived agent sockets are
-        # reached through their hosts' channels as well.
+        # Registered sockets through their hosts' channels; a socket that has not registered
+        # yet is refused when it does (register_host re-checks the token).
         for channel in (
             Host.objects.filter(token_id=token_id)
             .exclude(channel_name="")
@@ -123,6 +117,8 @@ def register_host(token_id: int, message: Register, channel_name: str) -> Regist
     now = timezone.now()
     with transaction.atomic():
         token = AgentToken.objects.select_related("owner").get(pk=token_id)
+        if token.revoked_at is not None or not token.owner.is_active:
+            raise RegistrationRefused("this agent token was revoked")
         host = Host.objects.select_for_update(no_key=True).filter(agent_id=message.agent_id).first()
         if host is not None and host.owner_id != token.owner_id:
             raise RegistrationRefused("this agent id is registered to another supplier")

@@ -210,6 +210,22 @@ async def test_revoking_the_token_closes_its_live_socket_within_5_s() -> None:
     liveness.forget(int(welcome["host_id"]))
 
 
+async def test_a_socket_that_registers_after_its_token_was_revoked_is_refused() -> None:
+    token_id, plaintext = await _supplier_token()
+    communicator = await _connect(plaintext)
+    connected, _ = await communicator.connect()
+    assert connected
+    await database_sync_to_async(services.revoke_agent_token)(token_id)
+
+    await communicator.send_to(text_data=_register(str(uuid.uuid4())))
+    reply = json.loads(await communicator.receive_from(timeout=5))
+    assert reply["type"] == "error"
+    assert reply["reason"] == "this agent token was revoked"
+    assert (await communicator.receive_output(timeout=5))["type"] == "websocket.close"
+    assert not await Host.objects.filter(token_id=token_id).aexists()
+    await communicator.disconnect()
+
+
 frames = st.one_of(
     st.text(min_size=1, max_size=200),
     st.binary(min_size=1, max_size=200).map(lambda b: b.decode("latin-1")),
