@@ -1,7 +1,8 @@
-"""The web process's Daphne reaps finished connections one slice per second, not all at once."""
+"""The web process's Daphne: connections reaped one slice per second, garbage collection tuned."""
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -9,7 +10,14 @@ from concurrent.futures import Future
 import pytest
 from twisted.internet import reactor
 
-from hub.serve import CHECK_SLICES, RedactingServer
+from hub import serve
+from hub.serve import (
+    CHECK_SLICES,
+    GC_THRESHOLDS,
+    RedactingServer,
+    _time_collections,
+    tune_garbage_collection,
+)
 
 
 @pytest.fixture
@@ -67,3 +75,32 @@ def test_a_finished_application_of_a_live_connection_is_dropped_but_the_connecti
     for _ in range(CHECK_SLICES):
         server.application_checker()
     assert server.connections == {live: {}}
+
+
+def test_the_web_process_freezes_start_up_objects_and_collects_rarely() -> None:
+    before = (gc.get_threshold(), gc.get_freeze_count())
+    try:
+        tune_garbage_collection()
+        assert gc.get_threshold() == GC_THRESHOLDS
+        assert gc.get_freeze_count() > 0
+        assert _time_collections in gc.callbacks
+    finally:
+        gc.callbacks.remove(_time_collections)
+        gc.unfreeze()
+        gc.set_threshold(*before[0])
+
+
+def test_a_slow_collection_is_logged(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(serve, "GC_SLOW_PAUSE_S", 0.0)  # every collection counts as slow
+    gc.callbacks.append(_time_collections)
+    try:
+        with caplog.at_level("WARNING", logger="hub.serve"):
+            gc.collect()
+    finally:
+        gc.callbacks.remove(_time_collections)
+    assert any(
+        "garbage collection (generation 2) paused the web process" in r.getMessage()
+        for r in caplog.records
+    )
