@@ -119,9 +119,10 @@ class RedactingCommandLineInterface(CommandLineInterface):
 # and a full collection walks all of them: measured as 1.5-2 s pauses of the event loop, which
 # set the heartbeat p99 at about 3 s (docs/benchmarks.md). Almost everything here is freed by
 # reference counting; the collector is for cycles. So: freeze what exists after start-up (the
-# code, Django's caches: never garbage), make young collections rarer and full ones much rarer,
-# and log any pause long enough to matter.
-GC_THRESHOLDS = (50_000, 20, 100)
+# code, Django's caches: never garbage), keep the young generations small (a pause is as long
+# as its generation is big: 50,000 young objects took 250 ms here), make full collections about
+# 100 times rarer than CPython's default, and log any pause long enough to matter.
+GC_THRESHOLDS = (700, 10, 1000)
 GC_SLOW_PAUSE_S = 0.2
 
 log = logging.getLogger("hub.serve")
