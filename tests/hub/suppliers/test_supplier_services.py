@@ -5,6 +5,9 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import pytest
+from asgiref.sync import async_to_sync
+from channels.exceptions import ChannelFull
+from channels.layers import get_channel_layer
 from django.conf import settings
 from django.utils import timezone
 
@@ -468,3 +471,29 @@ def test_a_lease_whose_host_resumed_heartbeats_is_not_ended_after_the_grace() ->
     assert lease_services.end_leases_of_lost_hosts(now=later) == []
     lease.refresh_from_db()
     assert lease.state == Lease.State.RUNNING
+
+
+def test_a_re_register_succeeds_when_the_old_sockets_process_is_gone_and_its_queue_full() -> None:
+    # After a web process stops, its channels' shared queue fills with undelivered notices;
+    # a storm of re-registrations must not fail on ChannelFull (it stalled one at 10,000).
+    layer = get_channel_layer()
+    dead = f"specific.gone-{uuid.uuid4().hex}!"
+    try:
+        with pytest.raises(ChannelFull):  # noqa: PT012 - fill until the layer refuses
+            for n in range(10_000):
+                async_to_sync(layer.send)(f"{dead}{n}", {"type": "agent.command"})
+        token, _ = f.make_token()
+        agent_id = str(uuid.uuid4())
+        first = f.register_host(token, agent_id=agent_id, channel_name=f"{dead}last")
+
+        again = f.register_host(token, agent_id=agent_id, channel_name="specific.new!1")
+
+        assert again.pk == first.pk
+        assert again.channel_name == "specific.new!1"
+        assert again.status == Host.Status.ONLINE
+        # Revocation tells the old channel too, and is not stopped by the full queue either.
+        assert services.revoke_agent_token(token.pk)
+    finally:
+        client = liveness.sync_client()
+        for key in client.scan_iter(match=f"*{dead}*"):
+            client.delete(key)
