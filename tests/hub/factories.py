@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -101,34 +101,28 @@ def register_host(
 
 
 @contextmanager
-def private_liveness_set() -> Iterator[str]:
-    """Point hub.suppliers.liveness at a sorted set of this test's own in the real Redis.
-
-    The real set is shared by every hub on that Redis, and test databases number hosts from
-    1 again: a test's host 2 would read (and the sweep would forget) a live hub's host 2.
-    """
-    original = liveness.LIVENESS_KEY
+def _private_key(module: Any, attribute: str) -> Iterator[str]:
+    """Point a module's Redis key at a key of this test's own in the real Redis, and delete it
+    after. The real keys are shared by every hub on that Redis, and test databases number hosts
+    from 1 again: a test's host 2 would read (and the sweep would forget) a live hub's host 2."""
+    original = getattr(module, attribute)
     key = f"{original}:test-{uuid.uuid4().hex}"
-    liveness.LIVENESS_KEY = key
+    setattr(module, attribute, key)
     try:
         yield key
     finally:
-        liveness.LIVENESS_KEY = original
+        setattr(module, attribute, original)
         liveness.sync_client().delete(key)
 
 
-@contextmanager
-def private_pending_hash() -> Iterator[str]:
-    """Point hub.suppliers.heartbeat_batch at a pending-telemetry hash of this test's own, for
-    the same reason as private_liveness_set."""
-    original = heartbeat_batch.PENDING_KEY
-    key = f"{original}:test-{uuid.uuid4().hex}"
-    heartbeat_batch.PENDING_KEY = key
-    try:
-        yield key
-    finally:
-        heartbeat_batch.PENDING_KEY = original
-        liveness.sync_client().delete(key)
+def private_liveness_set() -> AbstractContextManager[str]:
+    """hub.suppliers.liveness on a sorted set of this test's own."""
+    return _private_key(liveness, "LIVENESS_KEY")
+
+
+def private_pending_hash() -> AbstractContextManager[str]:
+    """hub.suppliers.heartbeat_batch on a pending-telemetry hash of this test's own."""
+    return _private_key(heartbeat_batch, "PENDING_KEY")
 
 
 def set_liveness_deadline(host_id: int, deadline: datetime) -> None:
