@@ -234,7 +234,7 @@ def main() -> None:
             action=_Merge,
             default={},
             metavar="NAME=VALUE",
-            help="a hub setting for this run, e.g. DATABASE_CONN_MAX_AGE=60",
+            help="a hub setting for this run, e.g. DATABASE_POOL_MAX_SIZE=4",
         )
         sub.add_argument("--name", default="", help="suffix of the result file")
     args = parser.parse_args()

@@ -229,8 +229,6 @@ def main() -> int:
         TUNNEL_GATEWAY_SSH_PORT=str(ssh_port),
         TUNNEL_GATEWAY_HOST_KEYS_FILE=str(folder / "ssh_host_ed25519_key.pub"),
         TUNNEL_GATEWAY_SECRET=secret,
-        # As deployed (.env.example): without it every route lookup opens a Postgres connection.
-        DATABASE_CONN_MAX_AGE="60",
     )
     prepare(env)
     origin = ThreadingHTTPServer(("127.0.0.1", 0), Origin)

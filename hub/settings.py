@@ -43,11 +43,40 @@ try:
             "elsewhere set REDIS_URL=redis://host:6379/0"
         )
     DATABASES = {"default": database_from_url(_database_url)}
-    # Kept per thread: Daphne's database threads and Celery's workers reuse one connection each
-    # instead of paying 8-10 ms (and cold catalogue caches) per socket message or task
-    # (docs/benchmarks.md). The health check replaces a connection Postgres dropped.
-    DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60)
+    # Each process borrows connections from a pool of its own (psycopg_pool through Django's
+    # OPTIONS["pool"]) and gives them back when a request, socket message or task ends.
+    # Persistent per-thread connections (CONN_MAX_AGE) leaked under Daphne, which runs each
+    # request on a thread of its own: a few hundred ordinary GETs used up Postgres'
+    # max_connections and the hub stopped answering (issue 16). README: "Postgres connections".
+    if env_str("DATABASE_CONN_MAX_AGE") not in {"", "0"}:
+        raise EnvError(
+            "DATABASE_CONN_MAX_AGE is no longer supported: persistent connections leaked under "
+            "Daphne. Connections are pooled per process; size the pool with "
+            "DATABASE_POOL_MAX_SIZE (0 turns pooling off, e.g. behind PgBouncer)"
+        )
+    DATABASE_POOL_MAX_SIZE = env_int("DATABASE_POOL_MAX_SIZE", 16)
+    DATABASE_POOL_MIN_SIZE = min(env_int("DATABASE_POOL_MIN_SIZE", 1), DATABASE_POOL_MAX_SIZE)
+    # How long a request waits for a free connection before it is answered 503.
+    DATABASE_POOL_TIMEOUT_S = env_int("DATABASE_POOL_TIMEOUT_S", 10)
+    if DATABASE_POOL_MAX_SIZE < 0 or DATABASE_POOL_MIN_SIZE < 0 or DATABASE_POOL_TIMEOUT_S < 1:
+        raise EnvError(
+            "DATABASE_POOL_MAX_SIZE and DATABASE_POOL_MIN_SIZE must be 0 or more, "
+            "DATABASE_POOL_TIMEOUT_S at least 1"
+        )
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    # With the pool: a connection is checked (an empty query) each time it is lent, so one
+    # that a Postgres restart broke is replaced instead of failing a request.
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    if DATABASE_POOL_MAX_SIZE:
+        DATABASES["default"]["OPTIONS"]["pool"] = {
+            "min_size": DATABASE_POOL_MIN_SIZE,
+            "max_size": DATABASE_POOL_MAX_SIZE,
+            "timeout": float(DATABASE_POOL_TIMEOUT_S),
+            # The pool closes one connection above min_size per period in which it was never
+            # needed: after a burst, a full pool is back to min_size within about 2.5 minutes.
+            "max_idle": 10.0,
+            "name": "cloudgpu",
+        }
 except EnvError as exc:
     raise ImproperlyConfigured(str(exc)) from None
 
@@ -224,6 +253,8 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    # The pool logs each connection it closes for being idle at INFO: routine, not news.
+    "loggers": {"psycopg.pool": {"level": "WARNING"}},
 }
 
 # --- Control plane ----------------------------------------------------------------------------

@@ -19,3 +19,6 @@ urlpatterns = [
     path("internal/tunnels/", include("hub.tunnels.urls")),
     path("", include("hub.web.urls")),
 ]
+
+# Used with DEBUG off: a database outage answers 503 (JSON under /api/), never a bare 500 page.
+handler500 = "hub.health.views.server_error"

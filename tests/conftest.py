@@ -12,12 +12,12 @@ import pytest
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # The hub keeps a connection per thread (DATABASE_CONN_MAX_AGE, 60 s); in this process the
-    # threads behind database_sync_to_async would keep theirs past the test and stop pytest-django
-    # from dropping the test database. The hubs the tests start run with the real setting.
+    # The hub pools its connections per process; this process makes and drops the test database
+    # (a pool opened before that would keep lending connections to the wrong one), so it
+    # connects per use. The hubs the tests start (tests/support/hub_stack.py) run with the pool.
     from django.conf import settings
 
-    settings.DATABASES["default"]["CONN_MAX_AGE"] = 0
+    settings.DATABASES["default"]["OPTIONS"].pop("pool", None)
 
 
 BUSYBOX_STATIC = Path("/bin/busybox")

@@ -1,10 +1,24 @@
 from __future__ import annotations
 
-from django.http import HttpRequest, JsonResponse
+import sys
+
+from django.db import InterfaceError, OperationalError
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from hub.health.checks import check_postgres, check_redis
+
+# A connection Postgres refused, or none free in the pool within DATABASE_POOL_TIMEOUT_S: the
+# request may well succeed a moment later, so it is "unavailable", not "broken".
+RETRY_AFTER_S = 5
+_UNAVAILABLE = "The service is briefly unavailable; please try again in a few seconds."
+_BROKEN = "Something went wrong on our side; it has been logged."
+# Self-contained: the site's templates run context processors that need the database.
+_PAGE = (
+    "<!doctype html><html lang=en><meta charset=utf-8><title>CloudGPU</title>"
+    "<body style='font-family:system-ui;margin:3rem'><h1>CloudGPU</h1><p>{}</p></body></html>"
+)
 
 
 @require_GET
@@ -21,3 +35,22 @@ def healthz(request: HttpRequest) -> JsonResponse:
             {"status": "unavailable", "failing": sorted(problems), "errors": problems}, status=503
         )
     return JsonResponse({"status": "ok"})
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """handler500 (DEBUG off): 503 with Retry-After when the database failed, else 500; JSON in
+    the API's error shape under /api/, a page of its own elsewhere. No detail leaves the hub:
+    Django has logged the traceback already."""
+    exc = sys.exc_info()[1]
+    # Refused, dropped, or no pooled connection free in time (OperationalError) and a closed
+    # connection (InterfaceError) mean "no database right now"; IntegrityError and the like are
+    # bugs and stay 500.
+    unavailable = isinstance(exc, OperationalError | InterfaceError)
+    status, detail = (503, _UNAVAILABLE) if unavailable else (500, _BROKEN)
+    if request.path.startswith("/api/"):
+        response: HttpResponse = JsonResponse({"detail": detail}, status=status)
+    else:
+        response = HttpResponse(_PAGE.format(detail), status=status)
+    if unavailable:
+        response["Retry-After"] = str(RETRY_AFTER_S)
+    return response

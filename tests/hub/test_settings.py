@@ -103,3 +103,31 @@ def test_an_unreadable_secret_file_is_a_clear_error(
     monkeypatch.setenv("MY_SECRET_FILE", str(tmp_path / "missing"))
     with pytest.raises(EnvError, match="MY_SECRET_FILE"):
         env_secret("MY_SECRET")
+
+
+def _database_setting(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    code = (
+        "from django.conf import settings; d = settings.DATABASES['default']; "
+        "print(d['CONN_MAX_AGE'], d['OPTIONS'].get('pool'))"
+    )
+    return _manage(env, "shell", "-c", code)
+
+
+def test_connections_are_pooled_per_process_by_default() -> None:
+    result = _database_setting(hub_env(DEBUG="1", DATABASE_POOL_MAX_SIZE="7"))
+    assert result.returncode == 0, result.stderr
+    conn_max_age, pool = result.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert conn_max_age == "0"  # persistent connections leaked under Daphne
+    assert "'max_size': 7" in pool
+
+
+def test_a_pool_size_of_zero_connects_per_use() -> None:
+    result = _database_setting(hub_env(DEBUG="1", DATABASE_POOL_MAX_SIZE="0"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "0 None"
+
+
+def test_the_old_persistent_connection_setting_is_refused_with_the_new_one_named() -> None:
+    result = _manage(hub_env(DEBUG="1", DATABASE_CONN_MAX_AGE="60"), "check")
+    assert result.returncode != 0
+    assert "DATABASE_POOL_MAX_SIZE" in result.stderr

@@ -43,6 +43,7 @@ class HubStack:
     web_ports: list[int]
     env: dict[str, str]
     logs: list[Path] = field(default_factory=list)
+    web_pids: list[int] = field(default_factory=list)
 
     def manage(self, *args: str) -> str:
         """Run `manage.py ARGS` against this hub (its database and Redis); its stdout."""
@@ -78,7 +79,7 @@ def hub_stack(
         for n, port in enumerate(stack.web_ports):
             log = log_dir / f"web-{n}.log"
             stack.logs.append(log)
-            processes.enter_context(
+            web = processes.enter_context(
                 running(
                     python_module(
                         "hub.serve", "-b", "127.0.0.1", "-p", str(port), "hub.asgi:application"
@@ -87,6 +88,7 @@ def hub_stack(
                     log=log,
                 )
             )
+            stack.web_pids.append(web.pid)
         for name, argv in (
             ("worker", ["worker", "-P", "solo", "-c", "1", "--without-gossip", "--without-mingle"]),
             ("beat", ["beat", "-s", str(log_dir / "celerybeat-schedule")]),
