@@ -130,6 +130,7 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    "hub.api.middleware.ApiBodyLimitMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -183,7 +184,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["hub.api.parsers.BoundedJSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "hub.api.exceptions.handle",
 }
@@ -208,6 +209,10 @@ SPECTACULAR_SETTINGS = {
         "LedgerKindEnum": "hub.billing.models.LedgerEntry.Kind",
     },
 }
+
+# API request bodies (JSON) larger than this are answered 413 before they are read; other
+# requests keep Django's own DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB).
+API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 256 * 1024)
 
 # --- HTTPS hardening: follows the public URL, each knob overridable ----------------------------
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", PUBLIC_HTTPS)
