@@ -165,8 +165,10 @@ class Agent:
         loop = asyncio.get_running_loop()
         self._loop = loop
 
-        def report_exit(lease_id: str, exit_code: int, log_tail: str) -> None:
-            message = ContainerExited(lease_id=lease_id, exit_code=exit_code, log_tail=log_tail)
+        def report_exit(lease_id: str, exit_code: int, log_tail: str, oom_killed: bool) -> None:
+            message = ContainerExited(
+                lease_id=lease_id, exit_code=exit_code, log_tail=log_tail, oom_killed=oom_killed
+            )
             loop.call_soon_threadsafe(self._note_exit, message)
 
         watcher = loop.run_in_executor(None, self.runtime.watch_exits, report_exit, watcher_stop)

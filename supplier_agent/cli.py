@@ -29,6 +29,8 @@ from supplier_agent.config import (
     websocket_url,
     write_file,
 )
+from supplier_agent.egress import parse_allowed
+from supplier_agent.limits import parse_reserve
 from supplier_agent.state import StateInUse
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_ANSWER, EXIT_TOKEN_REJECTED = 0, 1, 2, 3, 4
@@ -57,6 +59,25 @@ def build_parser() -> argparse.ArgumentParser:
     configure.add_argument("--compute-mode", choices=COMPUTE_MODES, default="best-effort")
     configure.add_argument("--gpu-devices", choices=GPU_DEVICES, default="nvidia")
     configure.add_argument("--lock-dir", default="/var/lock")
+    configure.add_argument(
+        "--reserve-memory-mib",
+        help="memory kept from rentals for the host and the agent (default: 10%% of RAM, "
+        "at least 2048)",
+    )
+    configure.add_argument(
+        "--reserve-cpus", help="CPUs kept from rentals (default: 1, or 0.5 below 4 CPUs)"
+    )
+    configure.add_argument(
+        "--accept-container-escape-risk",
+        action="store_true",
+        help="rent out GPUs even with an NVIDIA container toolkit older than 1.17.8, whose "
+        "CVE-2025-23266 lets a renter's image take over this host",
+    )
+    configure.add_argument(
+        "--allow-networks",
+        help="comma-separated ranges on your network that rentals may reach (default: none; "
+        "the internet and DNS are always reachable)",
+    )
 
     run = with_state(commands.add_parser("run", help="connect to the hub and serve leases"))
     run.add_argument("--hub")
@@ -131,6 +152,11 @@ def cmd_configure(args: argparse.Namespace) -> int:
 
     websocket_url(args.hub)
     token = validate_token(_read_token())
+    try:
+        parse_reserve(args.reserve_memory_mib, args.reserve_cpus)
+        parse_allowed(args.allow_networks)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     state_dir = Path(args.state) if args.state else default_state_dir()
     path = write_file(
         state_dir,
@@ -141,6 +167,19 @@ def cmd_configure(args: argparse.Namespace) -> int:
             "compute_mode": args.compute_mode,
             "gpu_devices": args.gpu_devices,
             "lock_dir": args.lock_dir,
+            **{
+                key: value
+                for key, value in (
+                    ("reserve_memory_mib", args.reserve_memory_mib),
+                    ("reserve_cpus", args.reserve_cpus),
+                    ("allow_networks", args.allow_networks),
+                    (
+                        "accept_container_escape_risk",
+                        "1" if args.accept_container_escape_risk else "",
+                    ),
+                )
+                if value
+            },
         },
     )
     print(f"wrote {path} (mode 0600)")

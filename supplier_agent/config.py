@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from supplier_agent.egress import parse_allowed
+from supplier_agent.limits import DEFAULT_RESERVE, Reserve, parse_reserve
+
 CONFIG_NAME = "cloudgpu-agent.conf"
 WS_PATH = "/api/p2p/ws/"
 RUNTIMES = ("docker", "mock")
@@ -40,6 +43,12 @@ class AgentConfig:
     gpu_devices: str = "nvidia"
     lock_dir: Path = Path("/var/lock")
     log_level: str = "INFO"
+    # Memory and CPUs rentals never get (limits.py); None: the defaults there.
+    reserve: Reserve = DEFAULT_RESERVE
+    # Ranges on the supplier's side that rentals may reach after all (egress.py).
+    allow_networks: tuple[str, ...] = ()
+    # GPU rentals even on an NVIDIA toolkit older than 1.17.8 (toolkit.py): the name says it.
+    accept_container_escape_risk: bool = False
 
     @property
     def ws_url(self) -> str:
@@ -86,6 +95,20 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ConfigError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
     return value
+
+
+def _reserve(memory_mib: str | None, cpus: str | None) -> Reserve:
+    try:
+        return parse_reserve(memory_mib, cpus)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _allowed(text: str | None) -> tuple[str, ...]:
+    try:
+        return parse_allowed(text)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def read_file(state_dir: Path) -> dict[str, str]:
@@ -156,6 +179,10 @@ def load(flags: dict[str, str | None], env: dict[str, str] | None = None) -> Age
         gpu_devices=_choice("gpu-devices", pick("gpu_devices", "nvidia") or "nvidia", GPU_DEVICES),
         lock_dir=Path(pick("lock_dir", "/var/lock") or "/var/lock"),
         log_level=(pick("log_level", "INFO") or "INFO").upper(),
+        reserve=_reserve(pick("reserve_memory_mib"), pick("reserve_cpus")),
+        allow_networks=_allowed(pick("allow_networks")),
+        accept_container_escape_risk=(pick("accept_container_escape_risk") or "").lower()
+        in {"1", "true", "yes"},
     )
     websocket_url(config.hub_url)  # fail now, not at the first connection
     return config

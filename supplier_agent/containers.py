@@ -25,11 +25,14 @@ import docker
 import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.models.containers import Container
-from docker.types import DeviceRequest, Mount
+from docker.types import DeviceRequest, Mount, Ulimit
 
-from supplier_agent import protocol
+from supplier_agent import image_policy, protocol
 from supplier_agent.container_events import ExitCallback, ExitWatcher, close_stream
+from supplier_agent.egress import EgressError, EgressPolicy
+from supplier_agent.limits import HostResources, Reserve, lease_limits, nofile_limit
 from supplier_agent.protocol import DockerRun, ProtocolError
+from supplier_agent.toolkit import toolkit_refusal, toolkit_version
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,7 @@ LABEL_LEASE = "cloudgpu.lease"
 LABEL_PORTS = "cloudgpu.ports"
 LABEL_GPUS = "cloudgpu.gpus"
 LABEL_CACHE = "cloudgpu.cache"
+LEGACY_SHARED_CACHE_PREFIX = "template-"
 LABEL_NETWORK = "cloudgpu.network"
 # Every lease's container sits on this bridge, which drops traffic between its containers:
 # Docker's default bridge lets one tenant reach another's ports directly.
@@ -117,6 +121,11 @@ class ContainerRuntime:
         stop_grace_s: int = 10,
         pids_limit: int = 4096,
         shm_size: str = "8g",
+        host_gpus: int = 1,
+        reserve: Reserve | None = None,
+        host: HostResources | None = None,
+        egress: EgressPolicy | None = None,
+        toolkit_risk_accepted: bool = False,
     ) -> None:
         if gpu_devices not in {"nvidia", "none"}:
             raise ValueError("gpu_devices must be 'nvidia' or 'none'")
@@ -131,6 +140,15 @@ class ContainerRuntime:
         self.stop_grace_s = stop_grace_s
         self.pids_limit = pids_limit
         self.shm_size = shm_size
+        # A lease's memory and CPUs: its GPUs' share of the host (limits.py).
+        self.host_gpus = host_gpus
+        self.reserve = reserve or Reserve()
+        self.host = host or HostResources.read()
+        # The packet filter between rentals and the supplier's network (egress.py); None only
+        # where a caller filters otherwise (tests of other things).
+        self.egress = egress
+        # The supplier's opt-in to GPU rentals on a toolkit with CVE-2025-23266 (toolkit.py).
+        self.toolkit_risk_accepted = toolkit_risk_accepted
         # Containers we stop ourselves: their "die" is not an exit to report.
         self._exits = ExitWatcher(client, claim_label=LABEL_CLAIM, lease_label=LABEL_LEASE)
 
@@ -172,15 +190,35 @@ class ContainerRuntime:
         log.info("pulled image %s in %.0f s", ref, time.monotonic() - started)
 
     @_engine_errors
-    def create(self, spec: DockerRun, gpu_indices: Sequence[int], *, agent_id: str) -> str:
-        """Create (pulling first if needed) the lease's container; an existing one is reused."""
+    def create(
+        self,
+        spec: DockerRun,
+        gpu_indices: Sequence[int],
+        *,
+        agent_id: str,
+        gpu_uuids: Sequence[str] = (),
+    ) -> str:
+        """Create (pulling first if needed) the lease's container; an existing one is reused.
+
+        ``gpu_uuids`` (the claimed GPUs' NVML UUIDs, same order) name the devices when known:
+        indices can be renumbered by a driver reload, UUIDs cannot."""
         self._check(spec, gpu_indices)
         existing = self.find(spec.lease_id)
         if existing is not None:
             return str(existing.id)
+        # Before the local copy is even looked at: an image of the supplier's own private
+        # registry, already here, is no more a renter's to run than one still to pull.
+        refusal = image_policy.resolved_refusal(spec.image)
+        if refusal is not None:
+            raise ContainerError(refusal)
         if not self.image_present(spec.image):
             self.pull(spec.image)
-        options = self._create_options(spec, gpu_indices, agent_id)
+        refusal = image_policy.image_env_refusal(
+            spec.image, image_policy.config_env(self.client.images.get(spec.image).attrs)
+        )
+        if refusal is not None:
+            raise ContainerError(refusal)
+        options = self._create_options(spec, gpu_indices, agent_id, gpu_uuids)
         try:
             container = self.client.containers.create(**options, network=self._network())
         except APIError as exc:
@@ -228,19 +266,29 @@ class ContainerRuntime:
         *,
         agent_id: str,
         ready_timeout_s: float = 300,
+        gpu_uuids: Sequence[str] = (),
     ) -> RunResult:
         """Create, start, wait for every declared port, warm up; a failed start is removed.
 
         ``ready_timeout_s`` counts from the start, so a long pull does not eat into it.
         """
+        if self.gpu_devices == "nvidia":
+            refusal = toolkit_refusal(toolkit_version(), risk_accepted=self.toolkit_risk_accepted)
+            if refusal is not None:
+                raise ContainerError(refusal)
+        self.ensure_egress()
         existing = self.find(spec.lease_id)
         already_running = existing is not None and existing.status == "running"
-        container_id = self.create(spec, gpu_indices, agent_id=agent_id)
+        container_id = self.create(spec, gpu_indices, agent_id=agent_id, gpu_uuids=gpu_uuids)
         try:
             ports = self.start(container_id)
             deadline = time.monotonic() + ready_timeout_s
             self._wait_ready(container_id, ports, deadline, ready_timeout_s)
-            if spec.warmup and not already_running:
+            if spec.warmup:
+                # Also for a container found running: a docker_run comes again only when its
+                # ack never went out, e.g. the agent was killed mid-warm-up, and nothing records
+                # that a warm-up finished. Warm-ups are meant to be safe to repeat (downloads,
+                # compiles); skipping one reported a cold rental as running.
                 self._warm_up(spec.lease_id, container_id, spec.warmup, deadline)
         except (ContainerError, DockerException):
             # A half-started container would hold the GPUs and later surface as an "exit"; a
@@ -284,15 +332,17 @@ class ContainerRuntime:
         return claimed
 
     @_engine_errors
-    def exit_info(self, container_id: str) -> tuple[int, str] | None:
-        """(exit code, last log lines) once the container has exited; None before, or if gone."""
+    def exit_info(self, container_id: str) -> tuple[int, str, bool] | None:
+        """(exit code, last log lines, OOM-killed) once the container has exited; None before,
+        or if gone."""
         try:
             state = self.client.api.inspect_container(container_id)["State"]
         except NotFound:
             return None
         if state.get("Status") not in {"exited", "dead"}:
             return None
-        return int(state.get("ExitCode", -1)), self._log_tail(container_id)
+        oom = bool(state.get("OOMKilled"))
+        return int(state.get("ExitCode", -1)), self._log_tail(container_id), oom
 
     def watch_exits(
         self, callback: ExitCallback, stop_event: threading.Event, *, since: float | None = None
@@ -323,16 +373,26 @@ class ContainerRuntime:
             raise ContainerError(f"lease {spec.lease_id} has no claimed GPU for its container")
 
     def _create_options(
-        self, spec: DockerRun, gpu_indices: Sequence[int], agent_id: str
+        self, spec: DockerRun, gpu_indices: Sequence[int], agent_id: str, gpu_uuids: Sequence[str]
     ) -> dict[str, Any]:
         mounts = []
         if spec.cache_volume is not None:
             volume = self._cache_volume(spec.cache_volume.name)
             mounts.append(Mount(target=spec.cache_volume.path, source=volume, type="volume"))
         devices = None
+        # Set explicitly, over whatever the image says (CUDA images say "all"): where the NVIDIA
+        # runtime is dockerd's default, that variable alone hands a container every GPU of the
+        # host, other renters' included. "void" gives none.
+        visible = "void"
         if self.gpu_devices == "nvidia":
-            ids = [str(i) for i in gpu_indices]
+            ids = list(gpu_uuids) if len(gpu_uuids) == len(gpu_indices) else []
+            ids = ids or [str(i) for i in gpu_indices]
             devices = [DeviceRequest(driver="nvidia", device_ids=ids, capabilities=[["gpu"]])]
+            visible = ",".join(ids)
+        limits = lease_limits(self.host, len(gpu_indices), self.host_gpus, self.reserve)
+        nofile = nofile_limit()
+        environment = [f"{name}={value}" for name, value in spec.env.items()]
+        environment.append(f"NVIDIA_VISIBLE_DEVICES={visible}")
         # PID and IPC modes stay unset: Docker's defaults are private namespaces. The network is
         # the isolated bridge, never the default one or the host's.
         return {
@@ -340,7 +400,7 @@ class ContainerRuntime:
             "name": f"cloudgpu-{spec.lease_id}",
             "command": list(spec.command) if spec.command is not None else None,
             "entrypoint": list(spec.entrypoint) if spec.entrypoint is not None else None,
-            "environment": [f"{name}={value}" for name, value in spec.env.items()],
+            "environment": environment,
             "user": spec.user,
             "labels": {
                 LABEL_CLAIM: agent_id,
@@ -356,12 +416,27 @@ class ContainerRuntime:
             "privileged": False,
             "security_opt": ["no-new-privileges:true"],
             "pids_limit": self.pids_limit,
+            "mem_limit": limits.memory_bytes,
+            # The same as the memory limit: no swap on top, so a bomb is OOM-killed, not paged.
+            "memswap_limit": limits.memory_bytes,
+            "nano_cpus": limits.nano_cpus,
+            "ulimits": [
+                Ulimit(name="nofile", soft=nofile, hard=nofile),
+                Ulimit(name="core", soft=0, hard=0),
+            ],
             "cap_drop": list(DROPPED_CAPS),
             "restart_policy": {"Name": "no"},
             "detach": True,
         }
 
     def _cache_volume(self, name: str) -> str:
+        if name.startswith(LEGACY_SHARED_CACHE_PREFIX):
+            # What hubs before per-renter caches sent: one volume for every renter of a
+            # template, whose files one renter could plant for the next.
+            raise ContainerError(
+                f"cache volume {name} would be shared between renters; this agent mounts only "
+                "per-renter caches (upgrade the hub)"
+            )
         volume_name = f"cloudgpu-cache-{name}"
         try:
             volume = self.client.volumes.get(volume_name)
@@ -371,6 +446,23 @@ class ContainerRuntime:
         if "device" in (volume.attrs.get("Options") or {}):
             raise ContainerError(f"volume {volume_name} is a host bind mount; refusing to mount it")
         return volume_name
+
+    @_engine_errors
+    def ensure_egress(self) -> str | None:
+        """Install the egress rules for the lease bridge; the bridge's interface name (None
+        without a policy). A failure refuses the rental: it would reach the supplier's LAN."""
+        if self.egress is None:
+            return None
+        self._network()
+        bridges = [bridge_interface(row) for row in self._networks()]
+        try:
+            for bridge in bridges:
+                self.egress.install(bridge)
+        except EgressError as exc:
+            raise ContainerError(
+                f"this host cannot keep rentals off its own network, so it takes none: {exc}"
+            ) from None
+        return bridges[0] if bridges else None
 
     def _network(self) -> str:
         """The isolating bridge for leases, created on first use (by whichever agent is first)."""
@@ -505,16 +597,23 @@ class ContainerRuntime:
 
 
 def _pull_error(ref: str, detail: str) -> ContainerError:
+    # The renter gets a sentence; dockerd's own text (addresses, resolver and proxy details of
+    # the supplier's network) stays in the supplier's log.
+    log.warning("pulling image %s failed: %s", ref, detail)
     lowered = detail.lower()
     denied = ("not found", "manifest unknown", "pull access denied", "unauthorized", "denied")
     if any(marker in lowered for marker in denied):
         return ContainerError(f"image {ref} not found in its registry or access denied")
     unreachable = ("dial tcp", "no such host", "timeout", "connection refused", "tls", "eof")
     if any(marker in lowered for marker in unreachable):
-        return ContainerError(
-            f"the registry of image {ref} is unreachable from this host: {detail}"
-        )
-    return ContainerError(f"pulling image {ref} failed: {detail}")
+        return ContainerError(f"the registry of image {ref} is unreachable from this host")
+    return ContainerError(f"pulling image {ref} failed on this host")
+
+
+def bridge_interface(network: dict[str, Any]) -> str:
+    """The host interface of a Docker bridge network: its own name option, else br-<id>."""
+    options = network.get("Options") or {}
+    return str(options.get("com.docker.network.bridge.name") or f"br-{network['Id'][:12]}")
 
 
 def _int_list(text: str) -> list[int]:

@@ -17,6 +17,7 @@ from supplier_agent.claims import ClaimManager, ClaimRefused
 from supplier_agent.config import AgentConfig
 from supplier_agent.container_events import close_stream
 from supplier_agent.containers import ContainerError, ContainerRuntime
+from supplier_agent.egress import EgressPolicy
 from supplier_agent.gpu import Nvml
 from supplier_agent.logs import LogSink
 from supplier_agent.protocol import DockerRun, GpuState
@@ -42,7 +43,13 @@ class DockerRuntime:
             config.compute_mode,
             {"agent_id": agent_id, "pid": os.getpid()},
         )
-        self.containers = ContainerRuntime(gpu_devices=config.gpu_devices)
+        self.containers = ContainerRuntime(
+            gpu_devices=config.gpu_devices,
+            host_gpus=max(1, self.nvml.gpu_count()),
+            reserve=config.reserve,
+            egress=EgressPolicy(config.allow_networks),
+            toolkit_risk_accepted=config.accept_container_escape_risk,
+        )
         # Leases this runtime holds; exit reports for anyone else's containers are ignored.
         self._leases: set[str] = set()
 
@@ -89,9 +96,14 @@ class DockerRuntime:
         return await asyncio.to_thread(self._reserve, lease_id, indices)
 
     async def start(self, command: DockerRun, claim: Claim) -> RunOutcome:
+        uuids = [self.nvml.uuid_for_index(i) for i in claim.gpu_indices]
         try:
             result = await asyncio.to_thread(
-                self.containers.run, command, claim.gpu_indices, agent_id=self.agent_id
+                self.containers.run,
+                command,
+                claim.gpu_indices,
+                agent_id=self.agent_id,
+                gpu_uuids=[u for u in uuids if u is not None],
             )
         except ContainerError as exc:
             raise CommandFailed(str(exc)) from None
@@ -115,6 +127,12 @@ class DockerRuntime:
         return await asyncio.to_thread(self._release, lease_id)
 
     def _adopt(self, claims: dict[str, Claim]) -> set[str]:
+        try:
+            # At start too, not only before a rental: rules are gone after a reboot, and
+            # adopted containers must not run unfiltered until the next rental.
+            self.containers.ensure_egress()
+        except ContainerError as exc:
+            log.error("%s", exc)
         kept: set[str] = set()
         running = {c.lease_id: c for c in self.containers.list_claimed(self.agent_id)}
         for lease_id, claim in claims.items():
@@ -151,7 +169,12 @@ class DockerRuntime:
             container = self.containers.find(lease_id)
             info = self.containers.exit_info(container.id) if container is not None else None
             # The tail must fit a protocol frame (64 KiB); its end says the most.
-            report(lease_id, exit_code, info[1][-LOG_TAIL_CHARS:] if info else "")
+            report(
+                lease_id,
+                exit_code,
+                info[1][-LOG_TAIL_CHARS:] if info else "",
+                info[2] if info else False,
+            )
 
         self.containers.watch_exits(on_exit, stop)
 

@@ -10,7 +10,6 @@ has a GPU that containers cannot get. The probe never pulls an image.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -18,8 +17,8 @@ from pathlib import Path
 
 from supplier_agent import __version__
 from supplier_agent.hostinfo import read_host_info
+from supplier_agent.toolkit import RISK_FLAG, SAFE_TOOLKIT, toolkit_version
 
-SAFE_TOOLKIT = (1, 17, 8)
 PROBE_IMAGE = os.environ.get("CLOUDGPU_PROBE_IMAGE", "nvidia/cuda:12.4.1-base-ubuntu22.04")
 TOOLKIT_FIX = "install nvidia-container-toolkit and run `nvidia-ctk runtime configure` for Docker"
 
@@ -43,25 +42,8 @@ def _docker_row() -> tuple[Row, object | None]:
     return Row("docker", "ok", f"engine {version}"), client
 
 
-def _toolkit_version() -> tuple[int, ...] | None:
-    for tool in ("nvidia-ctk", "nvidia-container-cli"):
-        path = shutil.which(tool)
-        if path is None:
-            continue
-        try:
-            out = subprocess.run(
-                [path, "--version"], capture_output=True, text=True, timeout=10, check=False
-            ).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        match = re.search(r"(\d+)\.(\d+)\.(\d+)", out)
-        if match:
-            return tuple(int(part) for part in match.groups())
-    return None
-
-
 def _toolkit_row() -> Row:
-    version = _toolkit_version()
+    version = toolkit_version()
     if version is None:
         return Row("container toolkit", "warn", f"not found; {TOOLKIT_FIX}")
     text = ".".join(map(str, version))
@@ -69,7 +51,8 @@ def _toolkit_row() -> Row:
         return Row(
             "container toolkit",
             "warn",
-            f"{text} is older than 1.17.8 (CVE-2025-23266, container escape): upgrade it",
+            f"{text} is older than 1.17.8 (CVE-2025-23266, container escape): upgrade it; "
+            f"until then the agent takes no GPU rentals (unless configured {RISK_FLAG})",
         )
     return Row("container toolkit", "ok", text)
 
@@ -147,6 +130,50 @@ def _probe(client: object, names: str) -> Row:
     )
 
 
+def _egress_row(client: object | None, state: str | None) -> Row:
+    """Whether the packet filter between rentals and this host's network is in place."""
+    from supplier_agent.config import ConfigError, load
+    from supplier_agent.containers import NETWORK, bridge_interface
+    from supplier_agent.egress import EgressPolicy
+
+    if client is None:
+        return Row("egress", "fail", "Docker is unreachable: the rental network cannot be checked")
+    if os.geteuid() != 0:
+        return Row("egress", "warn", "run doctor as root to check the rental network filter")
+    try:
+        allowed = load({"state": state}).allow_networks
+    except ConfigError:
+        allowed = ()  # not configured yet: the default policy
+    policy = EgressPolicy(allowed)
+    networks = [
+        n
+        for n in client.api.networks(names=[NETWORK])  # type: ignore[attr-defined]
+        if n.get("Name") == NETWORK
+    ]
+    if not networks:
+        if shutil.which("iptables") is None:
+            return Row("egress", "fail", "iptables not found: apt install iptables")
+        return Row("egress", "ok", "the rentals' network filter is installed with the first rental")
+    gaps = [gap for n in networks for gap in policy.missing(bridge_interface(n))]
+    if gaps and "iptables is not installed" in gaps[0]:
+        return Row("egress", "fail", gaps[0])
+    if gaps:
+        # Not a failure by itself: the agent installs them when it starts and before every
+        # rental, and refuses rentals when it cannot.
+        return Row(
+            "egress",
+            "warn",
+            f"{len(gaps)} rule(s) not in place, e.g. {gaps[0]}; the agent installs them when "
+            "it starts and before each rental: if it is running, check what removes them",
+        )
+    extra = f"; also allowed: {', '.join(allowed)}" if allowed else ""
+    return Row(
+        "egress",
+        "ok",
+        "rentals reach the internet and DNS, not this host, its LAN or link-local" + extra,
+    )
+
+
 def _connectivity_row(state: str | None) -> Row:
     from supplier_agent.config import ConfigError, load
     from supplier_agent.smoke import run_smoke
@@ -178,6 +205,7 @@ def run_doctor(state: str | None, *, connectivity: bool) -> int:
     rows.append(_toolkit_row())
     rows.extend(_gpu_rows(client))
     rows.append(_ssh_row())
+    rows.append(_egress_row(client, state))
     if Path("/var/lock").is_dir() and not os.access("/var/lock", os.W_OK):
         rows.append(Row("locks", "warn", "/var/lock is not writable: run the agent as root"))
     if connectivity:

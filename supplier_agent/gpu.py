@@ -160,6 +160,14 @@ class Nvml:
         except GpuQueryError:
             return None
 
+    def uuid_for_index(self, index: int) -> str | None:
+        if not self.available:
+            return None
+        try:
+            return str(self._call("nvmlDeviceGetUUID", self._handle(index)))
+        except GpuQueryError:
+            return None
+
     # --- per GPU ------------------------------------------------------------------------------
 
     def gpus(self) -> list[GpuState]:

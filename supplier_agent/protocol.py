@@ -16,6 +16,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from supplier_agent.image_policy import registry_refusal
+
 VERSION = 1
 MAX_FRAME_BYTES = 64 * 1024
 MAX_GPUS_PER_LEASE = 64
@@ -140,6 +142,9 @@ def validate_image(value: Any, where: str = "image") -> str:
         raise ProtocolError(
             f"{where} {value!r} is not a valid image reference (e.g. pytorch/pytorch:2.5.1)"
         )
+    refusal = registry_refusal(value)
+    if refusal is not None:
+        raise ProtocolError(refusal)
     return value
 
 
@@ -414,11 +419,16 @@ class ContainerExited(Message):
     lease_id: str
     exit_code: int
     log_tail: str = ""
+    # The kernel killed it for going over its memory limit (Docker's State.OOMKilled).
+    oom_killed: bool = False
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ContainerExited:
-        _known(data, {"lease_id", "exit_code", "log_tail"}, "container_exited")
+        _known(data, {"lease_id", "exit_code", "log_tail", "oom_killed"}, "container_exited")
+        oom_killed = data.get("oom_killed", False)
+        _expect(oom_killed, bool, "container_exited.oom_killed")
         return cls(
+            oom_killed=oom_killed,
             lease_id=_uuid(data.get("lease_id"), "container_exited.lease_id"),
             exit_code=_int(data.get("exit_code"), "container_exited.exit_code", lo=-1, hi=65535),
             log_tail=_str(

@@ -11,7 +11,8 @@ from supplier_agent.protocol import DockerRun, GpuState
 from supplier_agent.state import Claim
 
 # (lease_id, exit_code, log_tail) for a container that stopped on its own.
-ExitReport = Callable[[str, int, str], None]
+# (lease id, exit code, last log lines, OOM-killed)
+ExitReport = Callable[[str, int, str, bool], None]
 
 
 class CommandFailed(Exception):

@@ -29,6 +29,7 @@ class Lease(models.Model):
         ADMIN = "admin"
         ERROR = "error"
         EXITED = "exited"
+        OUT_OF_MEMORY = "out_of_memory"
 
     ACTIVE_STATES = (
         State.PENDING,

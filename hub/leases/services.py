@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from hub.accounts.models import User
 from hub.billing import services as billing
+from hub.leases import cache_volumes
 from hub.leases.models import Command, Lease, LeaseGpu
 from hub.suppliers.models import Gpu, Host
 from hub.tunnels import services as tunnels
@@ -143,7 +144,7 @@ def start_lease(renter: User, host: Host, gpu_indices: list[int], spec: LeaseSpe
                 command=spec.command,
                 entrypoint=spec.entrypoint,
                 user=spec.user,
-                cache_volume=spec.cache_volume,
+                cache_volume=cache_volumes.for_renter(renter.pk, spec.cache_volume),
                 warmup=spec.warmup,
                 access_protected=spec.access_protected,
                 price_per_hour_micros=price_per_hour_micros,
@@ -333,7 +334,8 @@ def record_container_exit(host_id: int, message: ContainerExited) -> None:
         lease.log_tail = message.log_tail[-16384:]
         lease.save(update_fields=["exit_code", "log_tail"])
     if lease.state in (State.STARTING, State.RUNNING):
-        release_lease(lease.pk, Lease.EndReason.EXITED)
+        reason = Lease.EndReason.OUT_OF_MEMORY if message.oom_killed else Lease.EndReason.EXITED
+        release_lease(lease.pk, reason)
 
 
 # --- reconciliation and host loss ---------------------------------------------------------------

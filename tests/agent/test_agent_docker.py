@@ -238,6 +238,50 @@ def test_the_same_docker_run_twice_across_a_restart_leaves_one_container(
         assert len(_containers(docker_client, lease)) == 1
 
 
+def test_a_kill_9_during_warm_up_never_reports_the_lease_running_unwarmed(
+    host: Host, docker_client: object, busybox_image: str, lease_cleanup: list[str], tmp_path: Path
+) -> None:
+    lease = str(uuid.uuid4())
+    lease_cleanup.append(lease)
+    # Counts its runs; the first one hangs (the agent is killed during it), later ones finish.
+    warmup = [
+        "sh",
+        "-c",
+        "echo run >> /www/warmups; [ $(wc -l < /www/warmups) -gt 1 ] || sleep 600",
+    ]
+    run = {
+        "type": "docker_run",
+        "command_id": str(uuid.uuid4()),
+        "lease_id": lease,
+        "epoch": 1,
+        "image": busybox_image,
+        "ports": [8080],
+        "command": _httpd("w"),
+        "warmup": warmup,
+    }
+
+    def warm_ups() -> int:
+        containers = _containers(docker_client, lease)
+        if not containers:
+            return 0
+        out = containers[0].exec_run(["cat", "/www/warmups"]).output.decode()  # type: ignore[attr-defined]
+        return out.count("run")
+
+    with HubPeer(new_token()) as hub:
+        with _agent(host, hub, "a", tmp_path / "a.log") as (process, conn):
+            assert hub.command(conn, "reserve", lease, 1, gpus="0").ok
+            hub.send(conn, run)  # not awaited: it acks only after the warm-up
+            wait_for(lambda: warm_ups() == 1, timeout_s=60, what="the warm-up to start")
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+        with _agent(host, hub, "a", tmp_path / "a2.log") as (_, conn):
+            # The hub sends the unacknowledged command again.
+            hub.send(conn, run)
+            ack = hub.wait_for(conn, "ack", lambda m: m.command_id == run["command_id"])
+            assert ack.ok, ack.error
+            assert warm_ups() == 2  # ran again to the end, not skipped
+
+
 def test_with_the_hub_away_only_leases_past_their_paid_time_are_released(
     host: Host, docker_client: object, busybox_image: str, lease_cleanup: list[str], tmp_path: Path
 ) -> None:
@@ -295,6 +339,47 @@ def test_a_container_that_exits_on_its_own_is_reported_with_its_code(
         exited = hub.wait_for(conn, "container_exited", lambda m: m.lease_id == lease)
         assert exited.exit_code == 3
         assert "out of memory" in exited.log_tail
+        assert exited.oom_killed is False  # it said so itself; the kernel did not kill it
+
+
+def test_a_memory_bomb_is_killed_inside_its_limit_and_the_agent_reports_it(
+    host: Host, docker_client: object, busybox_image: str, lease_cleanup: list[str], tmp_path: Path
+) -> None:
+    lease = str(uuid.uuid4())
+    lease_cleanup.append(lease)
+    total_mib = int(Path("/proc/meminfo").read_text().split()[1]) // 1024
+    with HubPeer(new_token()) as hub:
+        # Everything but 600 MiB reserved: a lease on one of the two GPUs gets the 512 MiB floor.
+        state = host.root / "small"
+        configured = configure(
+            state,
+            hub.url,
+            hub.token,
+            "--runtime",
+            "docker",
+            "--gpu-devices",
+            "none",
+            "--lock-dir",
+            str(host.lock_dir),
+            "--reserve-memory-mib",
+            str(total_mib - 600),
+            env=host.env(),
+        )
+        assert configured.returncode == 0, configured.stderr
+        with _agent(host, hub, "small", tmp_path / "small.log") as (process, conn):
+            assert hub.command(conn, "reserve", lease, 1, gpus="0").ok
+            bomb = "sleep 1; exec dd if=/dev/zero of=/dev/null bs=800M count=1"
+            run = hub.command(
+                conn, "docker_run", lease, 1, image=busybox_image, command=["sh", "-c", bomb]
+            )
+            assert run.ok, run.error
+            container = run.result["container_id"]
+            limit = docker_client.api.inspect_container(container)["HostConfig"]["Memory"]  # type: ignore[attr-defined]
+            assert limit == 512 * 1024 * 1024
+
+            exited = hub.wait_for(conn, "container_exited", lambda m: m.lease_id == lease)
+            assert (exited.exit_code, exited.oom_killed) == (137, True)
+            assert process.poll() is None  # the agent lives on
 
 
 def _chunks(conn: PeerConnection, lease: str) -> list[object]:

@@ -89,3 +89,43 @@ def test_a_broken_config_file_never_echoes_the_token(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "not a valid config file" in result.stderr
     assert token not in result.stderr
+
+
+def test_configure_keeps_the_suppliers_limits_and_allowed_ranges(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    result = configure(
+        state,
+        "https://hub.example.com",
+        new_token(),
+        "--reserve-memory-mib",
+        "4096",
+        "--reserve-cpus",
+        "1.5",
+        "--allow-networks",
+        "192.168.7.0/24, 10.9.0.5",
+        "--accept-container-escape-risk",
+    )
+    assert result.returncode == 0, result.stderr
+    text = (state / "cloudgpu-agent.conf").read_text()
+    assert "reserve_memory_mib = 4096" in text
+    assert "reserve_cpus = 1.5" in text
+    assert "allow_networks = 192.168.7.0/24, 10.9.0.5" in text
+    assert "accept_container_escape_risk = 1" in text
+
+    from supplier_agent.config import load
+
+    config = load({"state": str(state)}, env={})
+    assert config.allow_networks == ("192.168.7.0/24", "10.9.0.5/32")
+    assert config.reserve.memory_bytes == 4096 * 1024 * 1024
+    assert config.reserve.cpus == 1.5
+    assert config.accept_container_escape_risk is True
+
+
+def test_configure_refuses_a_range_that_is_not_one(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    result = configure(
+        state, "https://hub.example.com", new_token(), "--allow-networks", "the office"
+    )
+    assert result.returncode == 1
+    assert "'the office' is not a network" in result.stderr
+    assert not (state / "cloudgpu-agent.conf").exists()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import io
+import os
 import queue
 import socket
 import threading
@@ -24,6 +26,7 @@ from supplier_agent.containers import (
     ContainerRuntime,
     nvidia_runtime_available,
 )
+from supplier_agent.limits import HostResources, Reserve, nofile_limit
 from supplier_agent.protocol import CacheVolume, DockerRun
 from tests.support.polling import wait_for
 
@@ -178,6 +181,117 @@ def test_create_requests_exactly_the_claimed_gpus(
     assert [(r["Driver"], r["DeviceIDs"], r["Capabilities"]) for r in requests] == [
         ("nvidia", ["1", "3"], [["gpu"]])
     ]
+
+
+def _env(docker_client: Any, container_id: str) -> dict[str, str]:
+    lines = docker_client.api.inspect_container(container_id)["Config"]["Env"]
+    return dict(line.split("=", 1) for line in lines)
+
+
+@pytest.fixture
+def image_with_env(docker_client: Any, busybox_image: str) -> Iterator[Callable[[str], str]]:
+    """Builds a local image from the test image with extra ENV lines; removed afterwards."""
+    tags: list[str] = []
+
+    def build(env_lines: str) -> str:
+        tag = f"cloudgpu-test/env-{uuid.uuid4().hex[:8]}:latest"
+        dockerfile = f"FROM {busybox_image}\n{env_lines}\n".encode()
+        docker_client.images.build(fileobj=io.BytesIO(dockerfile), tag=tag, rm=True)
+        tags.append(tag)
+        return tag
+
+    yield build
+    for tag in tags:
+        with contextlib.suppress(NotFound, APIError):
+            docker_client.images.remove(tag, force=True)
+
+
+def test_the_claimed_gpus_are_named_by_uuid_over_what_the_image_says(
+    docker_client: Any,
+    make_spec: SpecFactory,
+    agent_id: str,
+    image_with_env: Callable[[str], str],
+) -> None:
+    # CUDA images say NVIDIA_VISIBLE_DEVICES=all; with the NVIDIA runtime as dockerd's default
+    # that alone would hand the container every GPU of the host.
+    image = image_with_env("ENV NVIDIA_VISIBLE_DEVICES=all")
+    uuids = ["GPU-00000000-0000-0000-0000-000000000001", "GPU-00000000-0000-0000-0000-000000000003"]
+    gpu_runtime = ContainerRuntime(docker_client, gpu_devices="nvidia")
+
+    container_id = gpu_runtime.create(
+        make_spec(image=image), [1, 3], agent_id=agent_id, gpu_uuids=uuids
+    )
+
+    requests = docker_client.api.inspect_container(container_id)["HostConfig"]["DeviceRequests"]
+    assert [r["DeviceIDs"] for r in requests] == [uuids]
+    assert _env(docker_client, container_id)["NVIDIA_VISIBLE_DEVICES"] == ",".join(uuids)
+
+
+def test_a_container_without_gpus_gets_none_whatever_the_image_says(
+    runtime: ContainerRuntime,
+    docker_client: Any,
+    make_spec: SpecFactory,
+    agent_id: str,
+    image_with_env: Callable[[str], str],
+) -> None:
+    image = image_with_env("ENV NVIDIA_VISIBLE_DEVICES=all")
+
+    container_id = runtime.create(make_spec(image=image), [0], agent_id=agent_id)
+
+    assert _env(docker_client, container_id)["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+def test_an_image_whose_config_sets_ld_preload_is_refused(
+    runtime: ContainerRuntime,
+    docker_client: Any,
+    make_spec: SpecFactory,
+    agent_id: str,
+    image_with_env: Callable[[str], str],
+) -> None:
+    spec = make_spec(image=image_with_env("ENV LD_PRELOAD=/lib/libhook.so"))
+
+    with pytest.raises(ContainerError, match="sets LD_PRELOAD"):
+        runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
+
+    assert _lease_containers(docker_client, spec.lease_id) == []
+
+
+@pytest.mark.parametrize("registry_host", ["127.0.0.1", "localhost"])
+def test_an_image_on_the_suppliers_loopback_is_refused_before_any_connection(
+    runtime: ContainerRuntime,
+    docker_client: Any,
+    make_spec: SpecFactory,
+    agent_id: str,
+    registry_host: str,
+) -> None:
+    # A "registry" the supplier's dockerd would reach: it must never hear from it.
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        spec = make_spec(image=f"{registry_host}:{port}/renter/probe:1")
+
+        with pytest.raises(ContainerError, match="rentals may pull only from public registries"):
+            runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
+
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    assert _lease_containers(docker_client, spec.lease_id) == []
+
+
+def test_a_container_found_running_warms_up_again_before_it_counts_as_running(
+    runtime: ContainerRuntime, make_spec: SpecFactory, agent_id: str, docker_client: Any
+) -> None:
+    # As after a kill -9 of the agent mid-warm-up: the container runs, its warm-up never ended,
+    # and the hub sends the unacknowledged docker_run again.
+    spec = make_spec(warmup=("sh", "-c", "echo warm >> /www/warmups; exit 5"))
+    container_id = runtime.create(spec, [0], agent_id=agent_id)
+    runtime.start(container_id)
+
+    with pytest.raises(ContainerError, match="exit code 5"):
+        runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
+
+    container = docker_client.containers.get(container_id)
+    assert container.exec_run(["cat", "/www/warmups"]).output.decode().split() == ["warm"]
 
 
 def test_start_without_the_nvidia_toolkit_says_to_install_it(
@@ -462,11 +576,11 @@ def test_exit_info_gives_the_exit_code_and_log_tail(
     spec = make_spec(ports=(), command=("sh", "-c", "echo goodbye; exit 5"))
     result = runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
 
-    code, tail = wait_for(
+    code, tail, oom_killed = wait_for(
         lambda: runtime.exit_info(result.container_id), timeout_s=30, what="the exit"
     )
 
-    assert (code, tail.strip()) == (5, "goodbye")
+    assert (code, tail.strip(), oom_killed) == (5, "goodbye", False)
 
 
 def test_unreachable_engine_gives_a_container_error() -> None:
@@ -481,3 +595,123 @@ def test_unreachable_engine_gives_a_container_error() -> None:
             ContainerRuntime(client, gpu_devices="none").find(str(uuid.uuid4()))
     finally:
         client.close()
+
+
+def test_a_cache_volume_shared_between_renters_is_refused(
+    runtime: ContainerRuntime, make_spec: SpecFactory, agent_id: str, docker_client: Any
+) -> None:
+    # The name older hubs sent for every renter of a template.
+    spec = make_spec(cache_volume=CacheVolume(name="template-comfyui", path="/root"))
+
+    with pytest.raises(ContainerError, match="shared between renters"):
+        runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
+
+    assert _lease_containers(docker_client, spec.lease_id) == []
+
+
+def test_a_lease_is_limited_to_its_gpus_share_of_memory_and_cpus(
+    docker_client: Any, make_spec: SpecFactory, agent_id: str
+) -> None:
+    gib = 1024**3
+    cpus = HostResources.read().cpus
+    limited = ContainerRuntime(
+        docker_client,
+        gpu_devices="none",
+        host_gpus=4,
+        # Docker refuses a CPU limit above the CPUs it has: this machine's count, memory made up.
+        host=HostResources(memory_bytes=64 * gib, cpus=cpus),
+        reserve=Reserve(memory_bytes=8 * gib, cpus=0.0),
+    )
+
+    container_id = limited.create(make_spec(), [0, 1], agent_id=agent_id)
+
+    config = docker_client.api.inspect_container(container_id)["HostConfig"]
+    assert config["Memory"] == 28 * gib  # (64 - 8) * 2/4
+    assert config["MemorySwap"] == 28 * gib  # no swap on top
+    assert config["NanoCpus"] == int(max(0.5, cpus * 2 / 4) * 1e9)
+    assert {u["Name"]: (u["Soft"], u["Hard"]) for u in config["Ulimits"]} == {
+        "nofile": (nofile_limit(), nofile_limit()),
+        "core": (0, 0),
+    }
+
+
+def test_a_memory_bomb_is_oom_killed_inside_its_limit(
+    docker_client: Any, make_spec: SpecFactory, agent_id: str
+) -> None:
+    # 512 MiB for the lease (the floor); the bomb asks for 800 MiB.
+    small = ContainerRuntime(
+        docker_client,
+        gpu_devices="none",
+        stop_grace_s=1,
+        host_gpus=8,
+        host=HostResources(memory_bytes=1024**3, cpus=2.0),
+        reserve=Reserve(memory_bytes=0, cpus=0.0),
+    )
+    bomb = ("dd", "if=/dev/zero", "of=/dev/null", "bs=800M", "count=1")
+    result = small.run(make_spec(ports=(), command=bomb), [0], agent_id=agent_id)
+
+    code, _, oom_killed = wait_for(
+        lambda: small.exit_info(result.container_id), timeout_s=60, what="the bomb to end"
+    )
+
+    assert (code, oom_killed) == (137, True)
+
+
+def test_a_fork_bomb_stops_at_the_pids_limit(
+    docker_client: Any, make_spec: SpecFactory, agent_id: str
+) -> None:
+    few = ContainerRuntime(docker_client, gpu_devices="none", stop_grace_s=1, pids_limit=40)
+    # 200 sleepers wanted: the kernel refuses the fork past the limit (and the shell gives up).
+    bomb = "sleep 1; i=0; while [ $i -lt 200 ]; do sleep 600 & i=$((i+1)); done; sleep 600"
+    result = few.run(make_spec(ports=(), command=("sh", "-c", bomb)), [0], agent_id=agent_id)
+    container = docker_client.containers.get(result.container_id)
+
+    wait_for(lambda: b"can't fork" in container.logs(), timeout_s=60, what="a refused fork")
+
+    assert docker_client.api.inspect_container(result.container_id)["HostConfig"]["PidsLimit"] == 40
+
+
+def _toolkit_on_path(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, version: str) -> None:
+    # The NVIDIA toolkit's own CLI is part of the GPU stack this machine lacks: a stand-in that
+    # answers `--version` as the real one does.
+    tool = tmp_path / "nvidia-ctk"
+    tool.write_text(f"#!/bin/sh\necho 'NVIDIA Container Toolkit CLI version {version}'\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+
+
+def test_a_toolkit_with_the_container_escape_takes_no_gpu_rentals(
+    docker_client: Any,
+    make_spec: SpecFactory,
+    agent_id: str,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _toolkit_on_path(tmp_path, monkeypatch, "1.17.7")
+    spec = make_spec()
+
+    with pytest.raises(ContainerError, match=r"1\.17\.7, older than 1\.17\.8(?s:.*)CVE-2025-23266"):
+        ContainerRuntime(docker_client, gpu_devices="nvidia").run(spec, [0], agent_id=agent_id)
+    assert _lease_containers(docker_client, spec.lease_id) == []
+
+    # The supplier who accepts the risk gets as far as Docker (which has no NVIDIA runtime here).
+    accepted = ContainerRuntime(docker_client, gpu_devices="nvidia", toolkit_risk_accepted=True)
+    with pytest.raises(ContainerError, match="cannot give containers GPUs"):
+        accepted.run(spec, [0], agent_id=agent_id)
+
+
+def test_a_fixed_toolkit_is_no_obstacle(
+    docker_client: Any,
+    make_spec: SpecFactory,
+    agent_id: str,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _toolkit_on_path(tmp_path, monkeypatch, "1.17.8")
+
+    with pytest.raises(ContainerError) as refused:
+        ContainerRuntime(docker_client, gpu_devices="nvidia").run(
+            make_spec(), [0], agent_id=agent_id
+        )
+
+    assert "CVE-2025-23266" not in str(refused.value)  # only Docker's lack of GPUs stops it

@@ -109,6 +109,10 @@ _END_REASONS = {
     ),
     "admin": "An administrator stopped it.",
     "error": "It could not be started on the host.",
+    "out_of_memory": (
+        "It ran out of memory: the container used all the memory that comes with its GPUs "
+        "and was stopped by the host."
+    ),
 }
 
 

@@ -434,6 +434,17 @@ def test_a_container_exit_stops_a_running_lease(host: Host, running: Lease) -> N
     assert running.commands.get(kind=Kind.RELEASE).state == Command.State.QUEUED
 
 
+def test_an_oom_killed_container_ends_its_lease_saying_so(host: Host, running: Lease) -> None:
+    services.record_container_exit(
+        host.pk,
+        ContainerExited(lease_id=str(running.id), exit_code=137, log_tail="", oom_killed=True),
+    )
+
+    running.refresh_from_db()
+    assert running.state == State.STOPPING
+    assert running.end_reason == Lease.EndReason.OUT_OF_MEMORY
+
+
 def test_a_container_exit_keeps_only_the_end_of_a_long_log(host: Host, running: Lease) -> None:
     log_tail = "x" * 100 + "y" * 16384
     services.record_container_exit(

@@ -194,6 +194,7 @@ def test_stop_releases_the_lease() -> None:
         ("no_funds", None, "Your balance ran out (out of funds)"),
         ("host_lost", None, "The host went away"),
         ("exited", 137, "The container exited on its own with exit code 137."),
+        ("out_of_memory", 137, "It ran out of memory"),
         ("expired", None, "keep-alive limit"),
     ],
 )
