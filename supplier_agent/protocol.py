@@ -19,6 +19,8 @@ from typing import Any, ClassVar
 from supplier_agent.image_policy import registry_refusal
 
 VERSION = 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_SURROGATE = re.compile("[\ud800-\udfff]")
 MAX_FRAME_BYTES = 64 * 1024
 MAX_GPUS_PER_LEASE = 64
 MAX_PORTS = 16
@@ -90,11 +92,20 @@ def _str(value: Any, where: str, *, max_len: int = MAX_STR, allow_empty: bool = 
         raise ProtocolError(f"{where} must not be empty")
     if len(value) > max_len:
         raise ProtocolError(f"{where} is longer than {max_len} characters")
+    # What Postgres text can hold: no NUL, valid UTF-8 (JSON's \ud800 escapes decode to lone
+    # surrogates, which cannot be encoded). Accepted here, such a value failed every later write.
+    if "\x00" in value:
+        raise ProtocolError(f"{where} contains a NUL character")
+    if _SURROGATE.search(value):
+        raise ProtocolError(f"{where} is not valid UTF-8 (a lone surrogate)")
     return value
 
 
 def _int(value: Any, where: str, *, lo: int | None = None, hi: int | None = None) -> int:
     _expect(value, int, where)
+    # Every integer lands in a bigint column at most.
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ProtocolError(f"{where} is outside the 64-bit integer range")
     if lo is not None and value < lo:
         raise ProtocolError(f"{where} must be at least {lo}")
     if hi is not None and value > hi:
@@ -337,7 +348,11 @@ def _claims(data: dict[str, Any], where: str) -> tuple[ClaimState, ...]:
 
 def _gpus(data: dict[str, Any], where: str) -> tuple[GpuState, ...]:
     items = _list(data.get("gpus", []), f"{where}.gpus", max_items=MAX_GPUS_PER_LEASE)
-    return tuple(GpuState.parse(g, f"{where}.gpus[{i}]") for i, g in enumerate(items))
+    gpus = tuple(GpuState.parse(g, f"{where}.gpus[{i}]") for i, g in enumerate(items))
+    # One row per (host, index): two states for one GPU would fight over it in a batch write.
+    if len({gpu.index for gpu in gpus}) != len(gpus):
+        raise ProtocolError(f"{where}.gpus lists a GPU index twice")
+    return gpus
 
 
 @dataclass(frozen=True)
@@ -818,9 +833,11 @@ def parse_message(frame: str | bytes, *, allowed: frozenset[str] | None = None) 
     kind = data.get("type")
     if not isinstance(kind, str):
         raise ProtocolError("frame has no string 'type'")
-    if data.get("v") != VERSION:
+    version = data.get("v")
+    # type(...) is int: true and 1.0 equal 1 in Python, and are not versions.
+    if type(version) is not int or version != VERSION:
         raise ProtocolError(
-            f"unsupported protocol version {data.get('v')!r}; this side speaks v{VERSION}"
+            f"unsupported protocol version {version!r}; this side speaks v{VERSION}"
         )
     cls = _REGISTRY.get(kind)
     if cls is None or (allowed is not None and kind not in allowed):

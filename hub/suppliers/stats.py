@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, DataError, IntegrityError, connection, transaction
 
 from hub.suppliers import heartbeat_batch
 from hub.suppliers.models import GpuSample, Host, HostTransition
@@ -69,7 +69,7 @@ def write(items: Iterable[HostStats]) -> None:
     """Write the telemetry of many hosts: the newest per host, a GPU the host never registered
     ignored (its next register adds it), an offline host brought back online."""
     for batch in _batches(items):
-        _write_batch(batch)
+        _write_isolating(batch)
 
 
 def _batches(items: Iterable[HostStats]) -> list[list[HostStats]]:
@@ -181,10 +181,33 @@ def flush_pending() -> int:
     batches = _batches(items)
     for done, batch in enumerate(batches):
         try:
-            _write_batch(batch)
+            _write_isolating(batch)
         except DatabaseError:
-            # This batch and the ones after it go back; the ones before are in Postgres.
+            # Postgres itself failed (not one entry): this batch and the ones after it go back;
+            # the ones before are in Postgres.
             left = {item.host_id for later in batches[done:] for item in later}
             heartbeat_batch.give_back({h: v for h, v in entries.items() if h in left})
             raise
     return len(items)
+
+
+# Errors of the data, not of the database: retrying the same entry can only fail again.
+_POISON = (DataError, IntegrityError)
+
+
+def _write_isolating(batch: Sequence[HostStats]) -> None:
+    """Write a batch; if some entry cannot be stored, find it by halving and drop it alone
+    (logged once, with its host), so one host's bad telemetry never stops the others'."""
+    try:
+        _write_batch(batch)
+    except _POISON as exc:
+        if len(batch) == 1:
+            log.warning(
+                "telemetry of host %s cannot be stored, dropped: %s",
+                batch[0].host_id,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            )
+            return
+        middle = len(batch) // 2
+        _write_isolating(batch[:middle])
+        _write_isolating(batch[middle:])

@@ -33,6 +33,19 @@ COMMAND = str(uuid.uuid4())
 GPU_UUID = "GPU-12345678-abcd-ef01-2345-6789abcdef01"
 
 
+def _heartbeat(*, twice: bool = False, **gpu_fields: object) -> dict[str, object]:
+    gpu = {
+        "index": 0,
+        "uuid": "GPU-00000000-0000-0000-0000-000000000000",
+        "name": "RTX",
+        "memory_total_bytes": 1,
+        "memory_used_bytes": 0,
+        "utilization_pct": 0,
+        **gpu_fields,
+    }
+    return {"type": "heartbeat", "v": 1, "gpus": [gpu, gpu] if twice else [gpu], "claims": []}
+
+
 def _run(**fields: object) -> dict[str, object]:
     return {
         "type": "docker_run",
@@ -94,6 +107,12 @@ def test_every_message_survives_a_round_trip(message: object) -> None:
         ("[1, 2]", "must be a JSON object"),
         ('{"v": 1}', "no string 'type'"),
         ('{"type": "ack", "v": 2}', "unsupported protocol version 2"),
+        ('{"type": "ping", "v": true}', "unsupported protocol version True"),
+        ('{"type": "ping", "v": 1.0}', "unsupported protocol version 1.0"),
+        (json.dumps(_heartbeat(memory_used_bytes=2**63)), "outside the 64-bit integer range"),
+        (json.dumps(_heartbeat(name="RTX\u0000")), "contains a NUL character"),
+        (json.dumps(_heartbeat(name="\ud800")), "lone surrogate"),
+        (json.dumps(_heartbeat(twice=True)), "lists a GPU index twice"),
         ('{"type": "nope", "v": 1}', "unknown message type"),
         (json.dumps(_run(image="UPPER/Case")), "not a valid image reference"),
         (json.dumps(_run(image="busybox; rm -rf /")), "not a valid image reference"),

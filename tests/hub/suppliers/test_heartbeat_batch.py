@@ -4,6 +4,7 @@ real Redis and the real database."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -20,7 +21,7 @@ from django.utils import timezone
 
 from hub.suppliers import heartbeat_batch, liveness, stats
 from hub.suppliers.models import Gpu, GpuSample, Host
-from supplier_agent.protocol import encode
+from supplier_agent.protocol import GpuProcess, encode
 from tests.hub import factories as f
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -169,3 +170,60 @@ def test_the_flush_moves_pending_telemetry_to_postgres_and_drops_unreadable_entr
     assert Gpu.objects.get(host=bad, index=0).stats_updated_at == bad_written
     assert client.exists(heartbeat_batch.PENDING_KEY) == 0
     assert stats.flush_pending() == 0
+
+
+def _poisoned_frame(message: object, **gpu_fields: object) -> str:
+    """A heartbeat frame with raw values written in, as a hostile agent would send them."""
+    frame = json.loads(encode(message))  # type: ignore[arg-type]
+    frame["gpus"][0].update(gpu_fields)
+    return json.dumps(frame)
+
+
+@pytest.mark.parametrize(
+    "poison",
+    [
+        {"memory_used_bytes": 2**63},  # past bigint
+        {"processes": [{"pid": 1, "name": "a\u0000b", "memory_bytes": 0}]},  # NUL
+        {"processes": [{"pid": 1, "name": "\ud800", "memory_bytes": 0}]},  # lone surrogate
+    ],
+    ids=["int64", "nul", "surrogate"],
+)
+def test_one_hosts_poison_telemetry_never_stops_the_others(poison: dict[str, object]) -> None:
+    good = f.register_host(gpus=[0])
+    bad = f.register_host(gpus=[0])
+    message = f.heartbeat([f.gpu_state(0, utilization_pct=64)])
+    client = liveness.sync_client()
+    client.hset(
+        heartbeat_batch.PENDING_KEY,
+        mapping={
+            str(good.pk): heartbeat_batch.pending_entry(encode(message), time.time()),
+            str(bad.pk): heartbeat_batch.pending_entry(
+                _poisoned_frame(message, **poison), time.time()
+            ),
+        },
+    )
+
+    assert stats.flush_pending() == 1
+
+    assert Gpu.objects.get(host=good, index=0).utilization_pct == 64
+    # Dropped, not handed back to fail every flush from now on.
+    assert client.exists(heartbeat_batch.PENDING_KEY) == 0
+
+
+def test_an_entry_that_postgres_refuses_is_dropped_alone_from_its_batch() -> None:
+    # Past the protocol (built in code): whatever Postgres refuses still costs only its host.
+    hosts = [f.register_host(gpus=[0]) for _ in range(5)]
+    now = timezone.now()
+    poison = f.gpu_state(0, utilization_pct=1)
+    poison = dataclasses.replace(
+        poison, processes=(GpuProcess(pid=1, name="x\x00", memory_bytes=0),)
+    )
+    items = [
+        stats.HostStats(h.pk, now, f.heartbeat([f.gpu_state(0, utilization_pct=33)])) for h in hosts
+    ]
+    items[2] = stats.HostStats(hosts[2].pk, now, f.heartbeat([poison]))
+
+    stats.write(items)
+
+    written = {g.host_id: g.utilization_pct for g in Gpu.objects.filter(host__in=hosts)}
+    assert [written[h.pk] for h in hosts] == [33, 33, 0, 33, 33]
