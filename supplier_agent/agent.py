@@ -25,6 +25,7 @@ from supplier_agent.config import AgentConfig
 from supplier_agent.hostinfo import read_host_info
 from supplier_agent.logs import LogFollowers
 from supplier_agent.protocol import (
+    CLOSE_UNSUPPORTED_PROTOCOL,
     HUB_TO_AGENT,
     MAX_FRAME_BYTES,
     MAX_PIDS,
@@ -209,7 +210,16 @@ class Agent:
                 await self._session(stop)
             except TokenRejected as exc:
                 log.error("%s; check the token with `cloudgpu-agent smoke`", exc)
-            except (OSError, InvalidHandshake, ConnectionClosed, asyncio.TimeoutError) as exc:
+            except ConnectionClosed as exc:
+                if exc.rcvd is not None and exc.rcvd.code == CLOSE_UNSUPPORTED_PROTOCOL:
+                    log.error(
+                        "the hub does not speak this agent's protocol (close code %s): "
+                        "upgrade the agent with `cloudgpu-agent upgrade`",
+                        exc.rcvd.code,
+                    )
+                else:
+                    log.warning("connection to the hub lost: %s", _describe(exc))
+            except (OSError, InvalidHandshake, asyncio.TimeoutError) as exc:
                 log.warning("connection to the hub lost: %s", _describe(exc))
             except ProtocolError as exc:
                 log.warning("the hub sent something unexpected: %s", exc)

@@ -63,6 +63,15 @@ class ProtocolError(ValueError):
     """A frame that is not a valid v1 message; ``str()`` is the reason for the error reply."""
 
 
+class UnsupportedVersion(ProtocolError):
+    """A frame of another protocol or version altogether (no ``"v": 1``): the peer is not a v1
+    agent, so answering it frame by frame would go on forever."""
+
+
+# The hub closes a socket that speaks another protocol with this code (cf. HTTP 426).
+CLOSE_UNSUPPORTED_PROTOCOL = 4426
+
+
 # --- field validators -------------------------------------------------------------------------
 
 
@@ -836,7 +845,7 @@ def parse_message(frame: str | bytes, *, allowed: frozenset[str] | None = None) 
     version = data.get("v")
     # type(...) is int: true and 1.0 equal 1 in Python, and are not versions.
     if type(version) is not int or version != VERSION:
-        raise ProtocolError(
+        raise UnsupportedVersion(
             f"unsupported protocol version {version!r}; this side speaks v{VERSION}"
         )
     cls = _REGISTRY.get(kind)

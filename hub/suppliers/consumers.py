@@ -22,6 +22,7 @@ from hub.suppliers import heartbeat_batch, services
 from hub.tunnels import services as tunnel_services
 from supplier_agent.protocol import (
     AGENT_TO_HUB,
+    CLOSE_UNSUPPORTED_PROTOCOL,
     Ack,
     ContainerExited,
     Error,
@@ -32,6 +33,7 @@ from supplier_agent.protocol import (
     ProtocolError,
     Register,
     TunnelState,
+    UnsupportedVersion,
     Welcome,
     encode,
     parse_message,
@@ -75,6 +77,12 @@ CLOSE_NO_REGISTER = 4408
 LOG_BYTES_PER_WINDOW = 4 * 1024 * 1024
 # Leases whose host this socket has checked; bounded so a lying agent cannot grow it forever.
 MAX_LOG_LEASES_CACHED = 256
+# Chunks for leases not yet checked cost a query each: at most this many lookups per window
+# (an agent follows a handful of leases; 5,000 made-up lease ids were 5,000 queries).
+MAX_LOG_LOOKUPS_PER_WINDOW = 16
+# Log chunks past this many per window are dropped (the socket stays): a bound on the work
+# however small the chunks.
+MAX_LOG_FRAMES_PER_WINDOW = 2000
 
 # Close codes: a refused token closes before accept (HTTP 403 at the handshake); revocation
 # of a live connection closes with 4403.
@@ -94,6 +102,7 @@ def _bearer(scope: dict[str, Any]) -> str | None:
 class AgentConsumer(AsyncWebsocketConsumer):
     token_id: int | None = None
     host_id: int | None = None
+    _closing = False
 
     async def connect(self) -> None:
         token = await _db(services.authenticate_agent_token)(_bearer(self.scope))
@@ -107,7 +116,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self._window_started = time.monotonic()
         self._frames_in_window = 0
         self._log_bytes_in_window = 0
+        self._log_frames_in_window = 0
+        self._log_lookups_in_window = 0
         self._log_leases: dict[str, bool] = {}  # lease id -> on this socket's host
+        # Set once this side closes: frames still buffered are dropped without work or logs.
+        self._closing = False
         # No per-token group: revocation reaches registered sockets through their hosts'
         # channels, and `register` re-checks the token. A group_add (and group_discard) per
         # connection cost a pooled Redis connection per concurrent handshake in a storm.
@@ -118,7 +131,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def _close_unless_registered(self) -> None:
         await asyncio.sleep(settings.AGENT_REGISTER_TIMEOUT_S)
         if self.host_id is None:
-            await self.close(code=CLOSE_NO_REGISTER)
+            await self._close(CLOSE_NO_REGISTER)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         # Channels' own dispatch first hops to the sync thread to close stale DB connections,
@@ -138,11 +151,26 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await _db(services.detach_channel)(self.host_id, self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self._closing:
+            return
         try:
             message: Message | None = parse_message(
                 text_data if text_data is not None else (bytes_data or b""), allowed=AGENT_TO_HUB
             )
             refusal = None
+        except UnsupportedVersion as exc:
+            # Another agent altogether (e.g. the seed's Go agent, whose frames carry no "v"):
+            # one answer saying what this hub speaks, then a close code its logs can show.
+            log.info("agent socket speaks another protocol (%s); closing", exc)
+            await self._reply(
+                Error(
+                    reason=f"{exc}. This hub speaks the CloudGPU agent protocol v1 (JSON text "
+                    'frames with "v": 1); install its agent with '
+                    f"{settings.HUB_PUBLIC_URL}/install.sh"
+                )
+            )
+            await self._close(CLOSE_UNSUPPORTED_PROTOCOL)
+            return
         except ProtocolError as exc:
             message, refusal = None, exc
         if isinstance(message, LogChunk) and self.host_id is not None:
@@ -151,7 +179,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         if self._flooding():
             log.warning("agent on host %s sends too many frames; closing", self.host_id)
-            await self.close(code=CLOSE_TOO_MANY_FRAMES)
+            await self._close(CLOSE_TOO_MANY_FRAMES)
             return
         if message is None:
             await self._reply(Error(reason=str(refusal)))
@@ -160,7 +188,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self._handle(message)
         except services.RegistrationRefused as exc:
             await self._reply(Error(reason=str(exc), ref="register"))
-            await self.close()
+            await self._close(None)
         except Exception:
             # One bad message costs one error reply, never the connection or the process.
             log.exception("agent message %s failed", message.TYPE)
@@ -176,15 +204,23 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if now - self._window_started > FRAME_WINDOW_S:
             self._window_started = now
             self._frames_in_window = self._log_bytes_in_window = 0
+            self._log_frames_in_window = self._log_lookups_in_window = 0
 
     async def _log_chunk(self, message: LogChunk) -> None:
         assert self.host_id is not None
         self._roll_window()
         self._log_bytes_in_window += len(message.data)
-        if self._log_bytes_in_window > LOG_BYTES_PER_WINDOW:
+        self._log_frames_in_window += 1
+        if (
+            self._log_bytes_in_window > LOG_BYTES_PER_WINDOW
+            or self._log_frames_in_window > MAX_LOG_FRAMES_PER_WINDOW
+        ):
             return
         allowed = self._log_leases.get(message.lease_id)
         if allowed is None:
+            if self._log_lookups_in_window >= MAX_LOG_LOOKUPS_PER_WINDOW:
+                return  # dropped unchecked: no query
+            self._log_lookups_in_window += 1
             allowed = await _db(lease_logs.lease_on_host)(message.lease_id, self.host_id)
             if len(self._log_leases) >= MAX_LOG_LEASES_CACHED:
                 self._log_leases.clear()
@@ -274,17 +310,41 @@ class AgentConsumer(AsyncWebsocketConsumer):
             self._flagged.update(found)
 
     async def _reply(self, message: Message) -> None:
-        await self.send(text_data=encode(message))
+        await self._send(encode(message))
+
+    async def _send(self, frame: str) -> None:
+        if self._closing:
+            return
+        try:
+            await self.send(text_data=frame)
+        except Exception as exc:
+            # The peer went away under us (Daphne raises autobahn's Disconnected, "Attempt to
+            # send on a closed protocol"). Nothing to answer to; raising here reached Daphne
+            # and skipped disconnect(), leaving the host a dead channel.
+            self._closing = True
+            log.info("agent on host %s: socket closed before a send (%s)", self.host_id, exc)
+
+    async def _close(self, code: int | None) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        try:
+            if code is None:
+                await self.close()
+            else:
+                await self.close(code=code)
+        except Exception as exc:
+            log.info("agent on host %s: socket already closed (%s)", self.host_id, exc)
 
     # --- channel layer events -----------------------------------------------------------
 
     async def agent_command(self, event: dict[str, Any]) -> None:
-        await self.send(text_data=event["frame"])
+        await self._send(event["frame"])
 
     async def agent_revoked(self, event: dict[str, Any]) -> None:
-        await self.close(code=CLOSE_TOKEN_REVOKED)
+        await self._close(CLOSE_TOKEN_REVOKED)
 
     async def agent_superseded(self, event: dict[str, Any]) -> None:
         # The same agent id registered on a newer connection; only one may speak for a host.
         self.host_id = None
-        await self.close(code=CLOSE_SUPERSEDED)
+        await self._close(CLOSE_SUPERSEDED)

@@ -21,7 +21,7 @@ from hub.leases import logs as lease_logs
 from hub.lib.tokens import generate_token
 from hub.suppliers import consumers, heartbeat_batch, liveness, services, stats
 from hub.suppliers.models import Gpu, Host, HostTransition
-from supplier_agent.protocol import MAX_FRAME_BYTES
+from supplier_agent.protocol import CLOSE_UNSUPPORTED_PROTOCOL, MAX_FRAME_BYTES
 from tests.hub import factories as f
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -256,12 +256,32 @@ frames = st.one_of(
 )
 
 
+def _speaks_another_protocol(frame: str) -> bool:
+    try:
+        data = json.loads(frame)
+    except ValueError:
+        return False
+    if not isinstance(data, dict) or not isinstance(data.get("type"), str):
+        return False
+    version = data.get("v")
+    return type(version) is not int or version != 1
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(frame=frames)
 async def test_malformed_frames_get_an_error_reply_and_the_socket_goes_on(frame: str) -> None:
     _, plaintext = await _supplier_token()
     communicator, welcome = await _registered(plaintext)
     await communicator.send_to(text_data=frame)
+    if _speaks_another_protocol(frame):
+        # Not a v1 agent at all: one error saying what this hub speaks, then the close.
+        reply = json.loads(await communicator.receive_from(timeout=10))
+        assert "protocol v1" in reply["reason"]
+        closed = await communicator.receive_output(timeout=10)
+        assert closed == {"type": "websocket.close", "code": CLOSE_UNSUPPORTED_PROTOCOL}
+        await communicator.disconnect()
+        liveness.forget(int(welcome["host_id"]))
+        return
     # At most one reply, an error (a frame that happens to be valid, like a bare heartbeat,
     # gets none); then the socket still works.
     replies = await _round_trip(communicator)
@@ -379,3 +399,59 @@ async def test_log_chunks_of_its_own_lease_reach_the_followers_and_the_backlog()
         await communicator.disconnect()
         liveness.forget(host_id)
         liveness.forget(other_host.pk)
+
+
+async def test_an_agent_of_another_protocol_gets_one_error_and_a_close_it_can_log() -> None:
+    # The seed's Go agent: its own message shapes, no "v".
+    _, plaintext = await _supplier_token()
+    communicator = await _connect(plaintext)
+    assert (await communicator.connect())[0]
+    await communicator.send_to(
+        text_data=json.dumps({"type": "register", "machine_id": "m1", "gpus": [{"idx": 0}]})
+    )
+
+    reply = json.loads(await communicator.receive_from(timeout=10))
+    assert reply["type"] == "error"
+    assert "unsupported protocol version None" in reply["reason"]
+    assert 'CloudGPU agent protocol v1 (JSON text frames with "v": 1)' in reply["reason"]
+    assert "/install.sh" in reply["reason"]
+    closed = await communicator.receive_output(timeout=10)
+    assert closed == {"type": "websocket.close", "code": CLOSE_UNSUPPORTED_PROTOCOL}
+    await communicator.disconnect()
+
+
+async def test_after_a_flood_close_buffered_frames_cost_nothing(caplog: Any) -> None:
+    _, plaintext = await _supplier_token()
+    communicator, welcome = await _registered(plaintext)
+    for _ in range(consumers.MAX_FRAMES_PER_WINDOW + 500):
+        await communicator.send_to(text_data='{"type": "nope", "v": 1}')
+    outputs = []
+    while True:
+        output = await communicator.receive_output(timeout=10)
+        outputs.append(output)
+        if output["type"] == "websocket.close":
+            break
+    # The frames after the limit got no error replies (no work), and the close was logged once.
+    assert await communicator.receive_nothing(timeout=1)
+    errors = [o for o in outputs if o["type"] == "websocket.send"]
+    assert len(errors) == consumers.MAX_FRAMES_PER_WINDOW - 1  # the register was one
+    floods = [r for r in caplog.records if "sends too many frames" in r.getMessage()]
+    assert len(floods) == 1
+    await communicator.disconnect()
+    liveness.forget(int(welcome["host_id"]))
+
+
+async def test_log_chunks_for_made_up_leases_cost_a_bounded_number_of_queries() -> None:
+    _, plaintext = await _supplier_token()
+    communicator, welcome = await _registered(plaintext)
+    for seq in range(200):
+        chunk = {"type": "log_chunk", "v": 1, "lease_id": str(uuid.uuid4()), "seq": seq}
+        await communicator.send_to(text_data=json.dumps({**chunk, "data": "x"}))
+
+    replies = await _round_trip(communicator)
+
+    # Each looked-up lease is answered "not on this host"; the rest were dropped unlooked.
+    refused = [r for r in replies if r.get("ref") == "log_chunk"]
+    assert len(refused) == consumers.MAX_LOG_LOOKUPS_PER_WINDOW
+    await communicator.disconnect()
+    liveness.forget(int(welcome["host_id"]))

@@ -1,0 +1,62 @@
+"""The agent socket on a real Daphne, as a hostile or broken agent would use it: nothing it does
+raises into Daphne, and a socket that goes away is always detached from its host."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import uuid
+from pathlib import Path
+
+import pytest
+from websockets.sync.client import connect as ws_connect
+
+from hub.lib.ports import free_port, wait_for_port
+from hub.suppliers import services
+from hub.suppliers.models import Host
+from tests.hub.factories import make_user, register_message
+from tests.support import hub_stack
+from tests.support.polling import wait_for
+from tests.support.processes import hub_env, python_module, running
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_an_agent_that_vanishes_mid_burst_is_detached_and_nothing_reaches_daphne(
+    tmp_path: Path,
+) -> None:
+    _, token = services.create_agent_token(make_user("supplier"), "test")
+    port = free_port()
+    log = tmp_path / "web.log"
+    env = hub_env(DATABASE_URL=hub_stack.test_database_url(), DEBUG="1")
+    argv = python_module("hub.serve", "-b", "127.0.0.1", "-p", str(port), "hub.asgi:application")
+    with running(argv, env=env, log=log):
+        assert wait_for_port(port, timeout_s=60)
+        agent_id = str(uuid.uuid4())
+        ws = ws_connect(
+            f"ws://127.0.0.1:{port}/api/p2p/ws/",
+            additional_headers={"Authorization": f"Bearer {token}"},
+        )
+        ws.send(json.dumps(register_message(agent_id).to_dict()))
+        assert json.loads(ws.recv(timeout=10))["type"] == "welcome"
+        host = Host.objects.get(agent_id=agent_id)
+        assert host.channel_name
+        # Chunks for leases of no host: each is looked up and answered "not on this host",
+        # after the agent has gone (replies on a closed protocol).
+        for seq in range(40):
+            chunk = {"type": "log_chunk", "v": 1, "lease_id": str(uuid.uuid4()), "seq": seq}
+            ws.send(json.dumps({**chunk, "data": "x"}))
+        # Gone at once, no close handshake: RST, as a killed agent or a dropped link.
+        raw: socket.socket = ws.socket
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        raw.close()
+
+        wait_for(
+            lambda: not Host.objects.get(pk=host.pk).channel_name,
+            timeout_s=30,
+            what="the host to be detached from the dead socket",
+        )
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text, text[-3000:]
+    assert "Attempt to send on a closed protocol" not in text
