@@ -115,6 +115,7 @@ def register_message(
         cpu_model=host.cpu_model,
         cpu_count=host.cpu_count,
         ram_bytes=host.ram_bytes,
+        machine_id=host.machine_id,
         agent_version=__version__,
         runtime=runtime_name,
         gpus=tuple(gpus),

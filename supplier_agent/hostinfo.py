@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import socket
 from dataclasses import dataclass
+from pathlib import Path
+
+MACHINE_ID_FILES = (Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id"))
 
 
 @dataclass(frozen=True)
@@ -16,6 +20,7 @@ class HostInfo:
     cpu_model: str
     cpu_count: int
     ram_bytes: int
+    machine_id: str = ""
 
 
 def _os_name() -> str:
@@ -47,6 +52,19 @@ def _ram_bytes() -> int:
         return 0
 
 
+def machine_identity(files: tuple[Path, ...] = MACHINE_ID_FILES) -> str:
+    """A stable identity of this machine for the hub (a hash: the raw machine-id is meant to
+    stay on the host); empty where the OS keeps none."""
+    for path in files:
+        try:
+            raw = path.read_text().strip()
+        except OSError:
+            continue
+        if raw:
+            return hashlib.sha256(f"cloudgpu-machine:{raw}".encode()).hexdigest()[:32]
+    return ""
+
+
 def read_host_info() -> HostInfo:
     return HostInfo(
         hostname=socket.gethostname()[:255] or "unknown",
@@ -55,4 +73,5 @@ def read_host_info() -> HostInfo:
         cpu_model=_cpu_model()[:255],
         cpu_count=os.cpu_count() or 1,
         ram_bytes=_ram_bytes(),
+        machine_id=machine_identity(),
     )

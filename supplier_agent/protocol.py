@@ -45,6 +45,7 @@ _IMAGE = re.compile(
     r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
 )
+_HEX = re.compile(r"^[0-9a-f]{1,64}$")
 _GPU_UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
 _VOLUME_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")
 _USER = re.compile(r"^[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,31}(?::[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,31})?$")
@@ -380,6 +381,8 @@ class Register(Message):
     claims: tuple[ClaimState, ...] = ()
     # `smoke`: check the token and the handshake without taking over the host's connection.
     probe: bool = False
+    # A hash of /etc/machine-id: which machine speaks for the agent id (empty: unknown).
+    machine_id: str = ""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Register:
@@ -401,7 +404,15 @@ class Register(Message):
             gpus=_gpus(data, "register"),
             claims=_claims(data, "register"),
             probe=_expect(data.get("probe", False), bool, "register.probe"),
+            machine_id=_machine_id(data.get("machine_id", "")),
         )
+
+
+def _machine_id(value: Any) -> str:
+    text = _str(value, "register.machine_id", max_len=64, allow_empty=True)
+    if text and not _HEX.fullmatch(text):
+        raise ProtocolError("register.machine_id must be hexadecimal")
+    return text
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,8 @@ class Host(models.Model):
     last_seen_at = models.DateTimeField(null=True, blank=True)
     # The Channels channel of the connection that holds this host's agent, if any.
     channel_name = models.CharField(max_length=200, blank=True)
+    # Which machine speaks for this agent id (a hash of its /etc/machine-id; empty: unknown).
+    machine_id = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

@@ -141,8 +141,11 @@ def register_host(token_id: int, message: Register, channel_name: str) -> Regist
         host = Host.objects.select_for_update(no_key=True).filter(agent_id=message.agent_id).first()
         if host is not None and host.owner_id != token.owner_id:
             raise RegistrationRefused("this agent id is registered to another supplier")
+        if host is not None:
+            _refuse_takeover(host, token.pk, message.machine_id)
         if host is None:
             host = Host(owner=token.owner, agent_id=message.agent_id, status=Host.Status.OFFLINE)
+        host.machine_id = message.machine_id or host.machine_id
         host.token = token
         for field in ("hostname", "os", "arch", "cpu_model", "cpu_count", "ram_bytes"):
             setattr(host, field, getattr(message, field))
@@ -177,6 +180,42 @@ def register_host(token_id: int, message: Register, channel_name: str) -> Regist
     from hub.catalog.prepull import images_for  # the catalogue builds on suppliers, not back
 
     return Registered(host_id=host.pk, desired_claims=desired, prepull_images=images_for(host.pk))
+
+
+def _refuse_takeover(host: Host, token_id: int, machine_id: str) -> None:
+    """Only the machine that holds an agent id speaks for it. Another token or machine may take
+    it over only once the holder's socket is gone, and another machine only once no rental is
+    left on the host: a copied state folder (or a second token of the same supplier) must never
+    end the rentals of the machine that really runs them."""
+    other_token = host.token_id is not None and host.token_id != token_id
+    other_machine = bool(machine_id and host.machine_id and machine_id != host.machine_id)
+    if not (other_token or other_machine):
+        return
+    if _held_by_live_socket(host):
+        raise RegistrationRefused(
+            "agent id in use on another machine"
+            + (" with another token" if other_token and not other_machine else "")
+            + ": was the agent's state folder copied? Each machine needs its own state folder "
+            "(run `cloudgpu-agent configure` with a fresh --state there)"
+        )
+    if other_machine:
+        from hub.leases.models import Lease  # leases build on suppliers, not back
+
+        if Lease.objects.filter(host=host, state__in=Lease.ACTIVE_STATES).exists():
+            raise RegistrationRefused(
+                "agent id belongs to another machine, whose rentals are still active on the "
+                "hub: was the agent's state folder copied? Give this machine its own state "
+                "folder; the agent id moves only once those rentals have ended"
+            )
+
+
+def _held_by_live_socket(host: Host) -> bool:
+    if not host.channel_name or host.status != Host.Status.ONLINE:
+        return False
+    deadline = liveness.deadline_of(host.pk)
+    if deadline is not None:
+        return deadline > time.time()
+    return host.offline_after is not None and host.offline_after > timezone.now()
 
 
 def _upsert_gpus(host: Host, gpus: tuple[GpuState, ...], now: datetime) -> None:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -195,3 +196,16 @@ def test_gpu_selectors(selector: str, expected: tuple[object, ...]) -> None:
 def test_bad_gpu_selectors_are_refused(selector: str) -> None:
     with pytest.raises(ProtocolError):
         parse_gpu_selector(selector)
+
+
+def test_the_machine_identity_is_a_hash_of_the_machine_id(tmp_path: Path) -> None:
+    from supplier_agent.hostinfo import machine_identity
+
+    (tmp_path / "machine-id").write_text("0123456789abcdef0123456789abcdef\n")
+
+    identity = machine_identity((tmp_path / "missing", tmp_path / "machine-id"))
+
+    assert len(identity) == 32
+    assert "0123456789abcdef" not in identity  # the raw id stays on the host
+    assert identity == machine_identity((tmp_path / "machine-id",))
+    assert machine_identity((tmp_path / "missing",)) == ""

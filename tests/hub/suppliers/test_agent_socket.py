@@ -27,9 +27,16 @@ from tests.hub import factories as f
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _register(agent_id: str, gpus: int = 1, claims: list[dict[str, Any]] | None = None) -> str:
+def _register(
+    agent_id: str,
+    gpus: int = 1,
+    claims: list[dict[str, Any]] | None = None,
+    machine_id: str | None = None,
+) -> str:
+    extra = {"machine_id": machine_id} if machine_id is not None else {}
     return json.dumps(
         {
+            **extra,
             "type": "register",
             "v": 1,
             "agent_id": agent_id,
@@ -454,4 +461,75 @@ async def test_log_chunks_for_made_up_leases_cost_a_bounded_number_of_queries() 
     refused = [r for r in replies if r.get("ref") == "log_chunk"]
     assert len(refused) == consumers.MAX_LOG_LOOKUPS_PER_WINDOW
     await communicator.disconnect()
+    liveness.forget(int(welcome["host_id"]))
+
+
+MACHINE_A, MACHINE_B = "a" * 32, "b" * 32
+
+
+async def _register_on(
+    plaintext: str, agent_id: str, machine_id: str | None
+) -> tuple[WebsocketCommunicator, dict[str, Any]]:
+    communicator = await _connect(plaintext)
+    assert (await communicator.connect())[0]
+    await communicator.send_to(text_data=_register(agent_id, machine_id=machine_id))
+    return communicator, json.loads(await communicator.receive_from(timeout=10))
+
+
+async def test_another_token_cannot_take_over_a_live_agent_id() -> None:
+    owner_token_id, first = await _supplier_token("owner")
+    owner = await database_sync_to_async(
+        lambda: services.AgentToken.objects.get(pk=owner_token_id).owner
+    )()
+    second = (await database_sync_to_async(services.create_agent_token)(owner, "second"))[1]
+    agent_id = str(uuid.uuid4())
+    holder, welcome = await _register_on(first, agent_id, MACHINE_A)
+    assert welcome["type"] == "welcome"
+
+    taker, refusal = await _register_on(second, agent_id, MACHINE_A)
+
+    assert refusal["type"] == "error"
+    assert "agent id in use on another machine with another token" in refusal["reason"]
+    assert "state folder copied" in refusal["reason"]
+    assert (await taker.receive_output(timeout=5))["type"] == "websocket.close"
+    assert await holder.receive_nothing(timeout=1)  # not superseded
+    host = await database_sync_to_async(Host.objects.get)(agent_id=agent_id)
+    assert host.token_id == owner_token_id
+    await holder.disconnect()
+    liveness.forget(int(welcome["host_id"]))
+
+
+async def test_a_copied_state_folder_on_another_machine_is_refused_while_the_holder_is_live() -> (
+    None
+):
+    _, plaintext = await _supplier_token()
+    agent_id = str(uuid.uuid4())
+    holder, welcome = await _register_on(plaintext, agent_id, MACHINE_A)
+
+    copy, refusal = await _register_on(plaintext, agent_id, MACHINE_B)
+
+    assert "agent id in use on another machine" in refusal["reason"]
+    # The same machine reconnecting is not a takeover: it supersedes its own older socket.
+    again, welcome_again = await _register_on(plaintext, agent_id, MACHINE_A)
+    assert welcome_again["type"] == "welcome"
+    assert (await holder.receive_output(timeout=5))["code"] == consumers.CLOSE_SUPERSEDED
+    for communicator in (holder, copy, again):
+        await communicator.disconnect()
+    liveness.forget(int(welcome["host_id"]))
+
+
+async def test_another_machine_never_ends_the_rentals_of_the_machine_that_runs_them() -> None:
+    _, plaintext = await _supplier_token()
+    agent_id = str(uuid.uuid4())
+    holder, welcome = await _register_on(plaintext, agent_id, MACHINE_A)
+    host = await database_sync_to_async(Host.objects.get)(agent_id=agent_id)
+    lease = await database_sync_to_async(f.run_lease)(host)
+    await holder.disconnect()  # the holder's link drops; its rental runs on
+
+    other, refusal = await _register_on(plaintext, agent_id, MACHINE_B)
+
+    assert "whose rentals are still active" in refusal["reason"]
+    await database_sync_to_async(lease.refresh_from_db)()
+    assert lease.state == "running"
+    await other.disconnect()
     liveness.forget(int(welcome["host_id"]))
