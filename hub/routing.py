@@ -4,11 +4,22 @@ so no origin validator wraps the agent endpoint; browser endpoints add their own
 from __future__ import annotations
 
 from channels.auth import AuthMiddlewareStack
+from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.security.websocket import AllowedHostsOriginValidator
 from django.urls import URLPattern, path, re_path
 
 from hub.suppliers.consumers import AgentConsumer
 from hub.web.consumers import LiveConsumer
+
+
+class UnknownPath(AsyncWebsocketConsumer):
+    """Any other WebSocket path (`/api/p2p/ws/../../admin/`, a 10 KB token, `%00`): refused at
+    the handshake (HTTP 403) at once. Without it Channels raised "No route found", which Daphne
+    answered with a 500 and a traceback in the log."""
+
+    async def connect(self) -> None:
+        await self.close()
+
 
 websocket_urlpatterns: list[URLPattern] = [
     path("api/p2p/ws/", AgentConsumer.as_asgi()),
@@ -16,4 +27,5 @@ websocket_urlpatterns: list[URLPattern] = [
     re_path(r"^api/p2p/ws/(?P<token>[A-Za-z0-9_]{1,128})/?$", AgentConsumer.as_asgi()),
     # The dashboard's live updates: same-origin browsers with a session only.
     path("ws/live/", AllowedHostsOriginValidator(AuthMiddlewareStack(LiveConsumer.as_asgi()))),
+    re_path(r"", UnknownPath.as_asgi()),
 ]

@@ -266,6 +266,8 @@ LOGGING = {
 AGENT_HEARTBEAT_INTERVAL_S = env_int("AGENT_HEARTBEAT_INTERVAL_S", 15)
 # An agent socket must send `register` this soon after connecting.
 AGENT_REGISTER_TIMEOUT_S = env_int("AGENT_REGISTER_TIMEOUT_S", 30)
+# Hosts one agent token may hold: a leaked token cannot fill the fleet with made-up hosts.
+MAX_HOSTS_PER_TOKEN = env_int("MAX_HOSTS_PER_TOKEN", 256)
 # Threads (each with a database connection) a web process gives its agent sockets' queries.
 AGENT_DB_THREADS = env_int("AGENT_DB_THREADS", 4)
 # A host is offline this long after its last heartbeat.

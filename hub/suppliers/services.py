@@ -144,6 +144,11 @@ def register_host(token_id: int, message: Register, channel_name: str) -> Regist
         if host is not None:
             _refuse_takeover(host, token.pk, message.machine_id)
         if host is None:
+            if Host.objects.filter(token=token).count() >= settings.MAX_HOSTS_PER_TOKEN:
+                raise RegistrationRefused(
+                    f"this agent token already holds {settings.MAX_HOSTS_PER_TOKEN} hosts "
+                    "(MAX_HOSTS_PER_TOKEN); create another token for more machines"
+                )
             host = Host(owner=token.owner, agent_id=message.agent_id, status=Host.Status.OFFLINE)
         host.machine_id = message.machine_id or host.machine_id
         host.token = token

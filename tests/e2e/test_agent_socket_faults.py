@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from hub.lib.ports import free_port, wait_for_port
@@ -60,3 +61,23 @@ def test_an_agent_that_vanishes_mid_burst_is_detached_and_nothing_reaches_daphne
     text = log.read_text(errors="replace")
     assert "Traceback" not in text, text[-3000:]
     assert "Attempt to send on a closed protocol" not in text
+
+
+@pytest.mark.parametrize(
+    "path", ["/api/p2p/ws/../../admin/", "/api/p2p/ws/" + "a" * 10_000, "/api/p2p/ws/%00"]
+)
+def test_odd_socket_paths_get_403_from_daphne_without_a_traceback(
+    path: str, tmp_path: Path
+) -> None:
+    port = free_port()
+    log = tmp_path / "web.log"
+    env = hub_env(DATABASE_URL=hub_stack.test_database_url(), DEBUG="1")
+    argv = python_module("hub.serve", "-b", "127.0.0.1", "-p", str(port), "hub.asgi:application")
+    with running(argv, env=env, log=log):
+        assert wait_for_port(port, timeout_s=60)
+        with pytest.raises(InvalidStatus) as refused:
+            ws_connect(f"ws://127.0.0.1:{port}{path}", open_timeout=5).close()
+        assert refused.value.response.status_code == 403
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text
+    assert "No route found" not in text

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('suppliers', '0003_host_offline_after_unindexed'),
+        ("suppliers", "0003_host_offline_after_unindexed"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='host',
-            name='machine_id',
+            model_name="host",
+            name="machine_id",
             field=models.CharField(blank=True, max_length=64),
         ),
     ]

@@ -533,3 +533,23 @@ async def test_another_machine_never_ends_the_rentals_of_the_machine_that_runs_t
     assert lease.state == "running"
     await other.disconnect()
     liveness.forget(int(welcome["host_id"]))
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/p2p/ws/../../admin/",
+        "/api/p2p/ws/" + "a" * 10_000,
+        "/api/p2p/ws/%00",
+        "/api/p2p/ws/\x00/",
+        "/no/such/socket/",
+    ],
+    ids=["dotdot", "10kb-token", "percent-00", "nul", "unknown"],
+)
+async def test_unknown_socket_paths_are_refused_at_the_handshake(path: str) -> None:
+    communicator = WebsocketCommunicator(application, path)
+
+    connected, _ = await communicator.connect(timeout=5)
+
+    assert not connected
+    await communicator.disconnect()

@@ -497,3 +497,17 @@ def test_a_re_register_succeeds_when_the_old_sockets_process_is_gone_and_its_que
         client = liveness.sync_client()
         for key in client.scan_iter(match=f"*{dead}*"):
             client.delete(key)
+
+
+def test_a_token_holds_at_most_max_hosts_per_token(settings: object) -> None:
+    settings.MAX_HOSTS_PER_TOKEN = 2  # type: ignore[attr-defined]
+    token, _ = f.make_token()
+    first = f.register_host(token)
+    f.register_host(token)
+
+    with pytest.raises(services.RegistrationRefused, match="already holds 2 hosts"):
+        f.register_host(token)
+
+    # A host it holds may always come back.
+    assert f.register_host(token, agent_id=str(first.agent_id)).pk == first.pk
+    assert Host.objects.filter(token=token).count() == 2
