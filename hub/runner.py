@@ -203,14 +203,10 @@ def serve(state: Path, host: str, port: int) -> int:
             "Press Ctrl-C to stop everything.\n",
             flush=True,
         )
+        # A child that dies (killed, crashed, out of memory) is started again with backoff and
+        # a line here; Ctrl-C still stops everything.
         while not stop.wait(0.5):
-            exited = supervisor.first_exited()
-            if exited is not None:
-                print(
-                    f"{exited.name} exited with status {exited.process.returncode}; stopping.",
-                    file=sys.stderr,
-                )
-                return 1
+            supervisor.restart_exited(lambda line: print(f"hub runner: {line}", flush=True))
         return 0
     except _StopRequested:
         return 0

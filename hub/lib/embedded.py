@@ -296,7 +296,10 @@ class EmbeddedRedis:
                     f'dir "{self.root}"',
                     "dbfilename dump.rdb",
                     "save 60 1",
-                    "appendonly no",
+                    # Liveness deadlines and queued tasks survive a crash of Redis to within a
+                    # second (issue 16): a restart from an old snapshot alone lost minutes.
+                    "appendonly yes",
+                    "appendfsync everysec",
                     'logfile ""',
                     "",
                 ]

@@ -1,4 +1,5 @@
-"""Start child processes so that none can outlive the dev runner, and stop them in order."""
+"""Start child processes so that none can outlive the dev runner, restart the ones that die,
+and stop them in order."""
 
 from __future__ import annotations
 
@@ -31,11 +32,35 @@ def _die_with_parent(signum: int) -> Callable[[], None]:
 
 
 @dataclass
+class Spec:
+    """How a child was started, so that it can be started again the same way."""
+
+    argv: list[str]
+    env: dict[str, str] | None
+    log_path: Path | None
+    user: int | None
+    group: int | None
+    stop_signal: int
+    cwd: Path | None
+
+
+# A child that dies is started again after 1 s, doubling up to 30 s while it keeps dying within
+# a minute of its start; one that ran longer starts from 1 s again.
+RESTART_BASE_S = 1.0
+RESTART_CAP_S = 30.0
+STABLE_AFTER_S = 60.0
+
+
+@dataclass
 class Child:
     name: str
     process: subprocess.Popen[bytes]
     stop_signal: int
     log: IO[bytes] | None = field(default=None, repr=False)
+    spec: Spec | None = field(default=None, repr=False)
+    started_at: float = field(default_factory=time.monotonic)
+    quick_deaths: int = 0  # in a row, each within STABLE_AFTER_S of its start
+    restart_at: float | None = None
 
     @property
     def pid(self) -> int:
@@ -68,23 +93,35 @@ class Supervisor:
         stop_signal: int = signal.SIGTERM,
         cwd: Path | None = None,
     ) -> Child:
-        log = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115 - closed in stop_all
-        process = subprocess.Popen(
-            list(argv),
-            env=env,
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT if log is not None else None,
-            start_new_session=True,
-            preexec_fn=_die_with_parent(stop_signal),  # the runner is single-threaded here
-            user=user,
-            group=group,
-            extra_groups=[] if user is not None else None,
-        )
-        child = Child(name, process, stop_signal, log)
+        spec = Spec(list(argv), env, log_path, user, group, stop_signal, cwd)
+        child = _spawn(name, spec)
         self.children.append(child)
         return child
+
+    def restart_exited(self, report: Callable[[str], None]) -> None:
+        """Start again, with backoff, every child that has died (call it every so often)."""
+        now = time.monotonic()
+        for position, child in enumerate(self.children):
+            if not child.exited() or child.spec is None:
+                continue
+            if child.restart_at is None:
+                quick = now - child.started_at < STABLE_AFTER_S
+                child.quick_deaths = child.quick_deaths + 1 if quick else 0
+                delay = min(RESTART_CAP_S, RESTART_BASE_S * 2 ** max(0, child.quick_deaths - 1))
+                child.restart_at = now + delay
+                report(
+                    f"{child.name} exited with status {child.process.returncode}; "
+                    f"restarting it in {delay:.0f} s"
+                )
+            elif now >= child.restart_at:
+                # Whatever the dead child left in its group (a pool worker) goes first.
+                _kill_group(child.pid)
+                if child.log is not None:
+                    child.log.close()
+                again = _spawn(child.name, child.spec)
+                again.quick_deaths = child.quick_deaths
+                self.children[position] = again
+                report(f"{child.name} restarted (pid {again.pid})")
 
     def first_exited(self) -> Child | None:
         return next((child for child in self.children if child.exited()), None)
@@ -108,6 +145,24 @@ class Supervisor:
         _kill_group(child.pid)
         if child.log is not None:
             child.log.close()
+
+
+def _spawn(name: str, spec: Spec) -> Child:
+    log = open(spec.log_path, "ab") if spec.log_path is not None else None  # noqa: SIM115 - closed in stop_all
+    process = subprocess.Popen(
+        spec.argv,
+        env=spec.env,
+        cwd=spec.cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT if log is not None else None,
+        start_new_session=True,
+        preexec_fn=_die_with_parent(spec.stop_signal),  # the runner is single-threaded here
+        user=spec.user,
+        group=spec.group,
+        extra_groups=[] if spec.user is not None else None,
+    )
+    return Child(name, process, spec.stop_signal, log, spec)
 
 
 def _kill_group(pgid: int) -> None:

@@ -226,3 +226,40 @@ def test_exec_passes_sigterm_on_and_stops_its_services(state_dir: Path) -> None:
             process.kill()
     left = {p.pid: cmdline for p, cmdline in started.items() if _still_running(p)}
     assert left == {}, f"left running: {left}"
+
+
+def _direct_child(run: Runner, marker: str) -> psutil.Process:
+    for proc in psutil.Process(run.process.pid).children():
+        try:
+            if marker in " ".join(proc.cmdline()):
+                return proc
+        except psutil.NoSuchProcess:
+            continue
+    raise AssertionError(f"no {marker!r} under the runner")
+
+
+def test_a_child_that_dies_is_restarted_and_ctrl_c_still_stops_everything(
+    state_dir: Path,
+) -> None:
+    with runner(state_dir) as run:
+        worker = _direct_child(run, "worker")
+        redis_server = _direct_child(run, "redis-server")
+        worker.kill()
+        redis_server.kill()
+
+        wait_for(
+            lambda: "worker restarted" in run.text() and "redis restarted" in run.text(),
+            timeout_s=60,
+            what="the worker and Redis restarted",
+        )
+        assert "worker exited with status -9; restarting it in 1 s" in run.text()
+        assert run.process.poll() is None  # the runner went on
+        assert _direct_child(run, "worker").pid != worker.pid
+        wait_for(lambda: _healthy(run), timeout_s=60, what="/healthz = 200 again")
+        started = _started_processes(run)
+
+        run.process.send_signal(signal.SIGINT)
+        assert run.process.wait(timeout=90) == 0
+
+    left = {p.pid: cmdline for p, cmdline in started.items() if _still_running(p)}
+    assert left == {}, f"left running: {left}"
