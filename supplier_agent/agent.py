@@ -298,7 +298,9 @@ class Agent:
         desired = set(welcome.desired_claims)
         for lease_id in [lease for lease in self.state.claims if lease not in desired]:
             log.info("the hub does not know lease %s; releasing its claim", lease_id)
-            await self._release_locally(lease_id)
+            # In the background: a container stop can take its whole grace period (10 s, more
+            # for several leases), and heartbeats must not wait for it or the host goes offline.
+            self._spawn(self._release_locally(lease_id))
         if welcome.prepull_images:
             self._spawn(self.runtime.prepull(welcome.prepull_images))
 

@@ -455,3 +455,31 @@ def test_a_flood_of_output_is_capped_and_says_what_was_dropped(
         assert sent <= logs.BYTES_PER_S * (1 + elapsed_s) + logs.CHUNK_BYTES
         assert len(chunks) <= logs.CHUNKS_PER_S * elapsed_s + 2
         assert all(len(c.data.encode()) <= 16 * 1024 for c in chunks)  # type: ignore[attr-defined]
+
+
+def test_heartbeats_go_on_while_a_slow_stale_container_is_stopped(
+    host: Host, docker_client: object, busybox_image: str, lease_cleanup: list[str], tmp_path: Path
+) -> None:
+    lease = str(uuid.uuid4())
+    lease_cleanup.append(lease)
+    with HubPeer(new_token()) as hub:
+        with _agent(host, hub, "a", tmp_path / "a.log") as (process, conn):
+            assert hub.command(conn, "reserve", lease, 1, gpus="0").ok
+            # PID 1 `sleep` ignores SIGTERM: stopping it takes the whole 10 s grace.
+            run = hub.command(
+                conn, "docker_run", lease, 1, image=busybox_image, command=["sleep", "600"]
+            )
+            assert run.ok, run.error
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+        hub.desired_claims = []  # the hub no longer knows the lease: the agent must drop it
+        with _agent(host, hub, "a", tmp_path / "a2.log") as (_, conn):
+            hub.wait_for(conn, "heartbeat", timeout_s=8)
+            # The heartbeat came while the container was still being stopped (its grace is
+            # 10 s): the stop no longer holds heartbeats back.
+            assert _containers(docker_client, lease) != []
+            wait_for(
+                lambda: _containers(docker_client, lease) == [],
+                timeout_s=60,
+                what="the stale container removed",
+            )
