@@ -5,6 +5,14 @@ so 10,000 agents cost Redis a few cheap pipelines a second and Postgres nothing.
 a conservative copy of the deadline (written with the stats at most every
 HOST_STATS_WRITE_INTERVAL_S, plus that interval), so a Redis restart only makes offline
 detection late, never wrong.
+
+That promise needs the sweep to know when Redis' deadlines cannot be trusted alone: after Redis
+restarted (from an old snapshot, or empty), and after any gap in the sweep's own runs (Redis or
+beat was down, so heartbeats went to Postgres only). Each sweep leaves a mark (Redis' run id and
+the time); a sweep that finds no mark, another run id or a stale one holds for
+HOST_OFFLINE_AFTER_S, during which a host goes offline only when Postgres' conservative deadline
+has passed too (the later of the two), the pattern of Kubernetes' node controller, which stops
+evicting when it cannot tell its own partition from the nodes' failure.
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ import redis
 from django.conf import settings
 
 LIVENESS_KEY = "cloudgpu:host-liveness"
+SWEEP_MARK_KEY = "cloudgpu:sweep-mark"
+SWEEP_HOLD_KEY = "cloudgpu:sweep-hold-until"
 
 _sync_client: redis.Redis | None = None
 
@@ -51,3 +61,23 @@ return 0
 
 def forget_if_overdue(host_id: int, now: float) -> bool:
     return bool(sync_client().eval(_FORGET_IF_OVERDUE, 1, LIVENESS_KEY, str(host_id), repr(now)))
+
+
+def redis_trusted(now: float) -> bool:
+    """Whether this sweep may take Redis' deadlines alone (see the module's docstring)."""
+    client = sync_client()
+    run_id = str(client.info("server").get("run_id", ""))
+    previous = client.getset(SWEEP_MARK_KEY, f"{run_id} {now!r}")
+    gap_s = 3 * settings.SWEEP_INTERVAL_S
+    continuous = False
+    if previous is not None:
+        previous_run, _, previous_at = previous.decode().partition(" ")
+        try:
+            continuous = previous_run == run_id and abs(now - float(previous_at)) <= gap_s
+        except ValueError:
+            continuous = False
+    if not continuous:
+        client.set(SWEEP_HOLD_KEY, repr(now + settings.HOST_OFFLINE_AFTER_S))
+        return False
+    hold = client.get(SWEEP_HOLD_KEY)
+    return hold is None or now >= float(hold)

@@ -333,12 +333,21 @@ def mark_overdue_hosts_offline(now: datetime | None = None) -> list[int]:
 
     now = now or timezone.now()
     now_ts = now.timestamp()
+    # After a Redis restart or a gap in the sweeps, Redis may lack heartbeats that Postgres
+    # got: then both deadlines must have passed (late, never early; liveness.py).
+    redis_trusted = liveness.redis_trusted(now_ts)
     candidates = set(liveness.overdue(now_ts, SWEEP_BATCH))
     candidates.update(
         Host.objects.filter(status=Host.Status.ONLINE, offline_after__lt=now).values_list(
             "pk", flat=True
         )[:SWEEP_BATCH]
     )
+    if not redis_trusted:
+        candidates = set(
+            Host.objects.filter(pk__in=candidates, offline_after__lt=now).values_list(
+                "pk", flat=True
+            )
+        )
     went_offline = []
     for host_id in sorted(candidates):
         deadline = liveness.deadline_of(host_id)

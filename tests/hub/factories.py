@@ -7,6 +7,7 @@ would have written.
 from __future__ import annotations
 
 import itertools
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -115,9 +116,24 @@ def _private_key(module: Any, attribute: str) -> Iterator[str]:
         liveness.sync_client().delete(key)
 
 
-def private_liveness_set() -> AbstractContextManager[str]:
-    """hub.suppliers.liveness on a sorted set of this test's own."""
-    return _private_key(liveness, "LIVENESS_KEY")
+@contextmanager
+def private_liveness_set() -> Iterator[str]:
+    """hub.suppliers.liveness on a sorted set (and sweep marks) of this test's own, as if the
+    sweep had been running without a gap: tests of the hold say so themselves."""
+    with (
+        _private_key(liveness, "LIVENESS_KEY") as key,
+        _private_key(liveness, "SWEEP_MARK_KEY"),
+        _private_key(liveness, "SWEEP_HOLD_KEY"),
+    ):
+        mark_sweep_continuous()
+        yield key
+
+
+def mark_sweep_continuous() -> None:
+    client = liveness.sync_client()
+    run_id = client.info("server")["run_id"]
+    client.set(liveness.SWEEP_MARK_KEY, f"{run_id} {time.time()!r}")
+    client.delete(liveness.SWEEP_HOLD_KEY)
 
 
 def private_pending_hash() -> AbstractContextManager[str]:
@@ -133,6 +149,7 @@ def set_liveness_deadline(host_id: int, deadline: datetime) -> None:
 def take_offline(host: Host) -> None:
     """The offline sweep, with the host's Redis deadline just past; the sweep forgets it."""
     now = timezone.now()
+    mark_sweep_continuous()
     try:
         set_liveness_deadline(host.pk, now - timedelta(seconds=1))
         assert host.pk in supplier_services.mark_overdue_hosts_offline(now=now)

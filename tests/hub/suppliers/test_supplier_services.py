@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -511,3 +512,69 @@ def test_a_token_holds_at_most_max_hosts_per_token(settings: object) -> None:
     # A host it holds may always come back.
     assert f.register_host(token, agent_id=str(first.agent_id)).pk == first.pk
     assert Host.objects.filter(token=token).count() == 2
+
+
+# --- the sweep after the hub's own outages ------------------------------------------------------
+
+
+def _previous_sweep(run_id: str, seconds_ago: float) -> None:
+    """The mark a sweep left: by this Redis (its run id) or another life of it, some time ago."""
+    client = liveness.sync_client()
+    client.set(liveness.SWEEP_MARK_KEY, f"{run_id} {time.time() - seconds_ago!r}")
+    client.delete(liveness.SWEEP_HOLD_KEY)
+
+
+def _this_redis() -> str:
+    return str(liveness.sync_client().info("server")["run_id"])
+
+
+@pytest.mark.parametrize(
+    "before",
+    [
+        ("another-redis-life", 5.0),  # Redis restarted (e.g. from an old snapshot)
+        ("this", 120.0),  # no sweep for two minutes: Redis or beat was down
+        None,  # no mark at all: Redis lost its data
+    ],
+    ids=["restart", "gap", "data-lost"],
+)
+def test_after_the_hubs_own_outage_no_host_goes_offline_before_its_postgres_deadline(
+    before: tuple[str, float] | None,
+) -> None:
+    host = f.register_host()
+    now = timezone.now()
+    assert host.offline_after > now  # heartbeats reached Postgres meanwhile
+    _set_redis_deadline(host.pk, now - timedelta(seconds=30))  # what the old Redis says
+    if before is None:
+        liveness.sync_client().delete(liveness.SWEEP_MARK_KEY)
+    else:
+        run_id, seconds_ago = before
+        _previous_sweep(_this_redis() if run_id == "this" else run_id, seconds_ago)
+
+    assert services.mark_overdue_hosts_offline(now=now) == []
+    # The next sweeps hold too, for one offline interval.
+    assert services.mark_overdue_hosts_offline(now=timezone.now()) == []
+    host.refresh_from_db()
+    assert host.status == Host.Status.ONLINE
+
+
+def test_during_the_hold_a_host_past_both_deadlines_still_goes_offline() -> None:
+    host = f.register_host()
+    now = timezone.now()
+    _make_postgres_deadline_stale(host, now)
+    _set_redis_deadline(host.pk, now - timedelta(seconds=30))
+    _previous_sweep("another-redis-life", 5.0)
+
+    assert services.mark_overdue_hosts_offline(now=now) == [host.pk]
+
+
+def test_once_the_hold_is_over_redis_alone_decides_again() -> None:
+    host = f.register_host()
+    now = timezone.now()
+    _set_redis_deadline(host.pk, now - timedelta(seconds=1))
+    _previous_sweep("another-redis-life", 5.0)
+    assert services.mark_overdue_hosts_offline(now=now) == []
+
+    # One offline interval later, with sweeps every few seconds meanwhile: the hold ran out.
+    f.mark_sweep_continuous()
+    liveness.sync_client().set(liveness.SWEEP_HOLD_KEY, repr(time.time() - 1))
+    assert services.mark_overdue_hosts_offline(now=timezone.now()) == [host.pk]
