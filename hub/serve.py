@@ -16,9 +16,11 @@ import sys
 import time
 from typing import Any, TextIO
 
+from daphne import server as daphne_server
 from daphne.access import AccessLogGenerator
 from daphne.cli import CommandLineInterface
 from daphne.server import Server
+from twisted.internet import reactor
 
 from hub.lib.redact import redact
 
@@ -101,6 +103,48 @@ class RedactingServer(Server):
                 if protocol not in self.connections:
                     everything.pop(protocol, None)
             self.connections = everything
+
+
+# A client has this long from connecting to the end of its first request's headers. Twisted's
+# own timeout is an idle one that every byte resets: a client dripping a header byte every few
+# seconds held a connection (and a Daphne slot) forever.
+HEADER_DEADLINE_S = 10.0
+
+
+class HeaderDeadlineFactory(daphne_server.HTTPFactory):
+    def buildProtocol(self, addr: Any) -> Any:
+        protocol = super().buildProtocol(addr)
+        # Twisted wraps the HTTPChannel (which parses the headers) in a protocol that proxies
+        # only IProtocol: the hooks go on the channel itself.
+        channel = protocol._channel
+        made, headers_done = channel.connectionMade, channel.allHeadersReceived
+        state: dict[str, Any] = {"deadline": None}
+
+        def connection_made() -> None:
+            made()
+            state["deadline"] = reactor.callLater(HEADER_DEADLINE_S, too_slow)
+
+        def all_headers_received() -> None:
+            deadline = state["deadline"]
+            if deadline is not None and deadline.active():
+                deadline.cancel()
+            headers_done()
+
+        def too_slow() -> None:
+            log.info(
+                "closing a connection whose request headers took over %.0f s", HEADER_DEADLINE_S
+            )
+            channel.transport.abortConnection()
+
+        channel.connectionMade = connection_made
+        channel.allHeadersReceived = all_headers_received
+        return protocol
+
+
+# Daphne's Server.run() builds its factory by this module-level name, and Twisted keeps the
+# channel in the protocol's `_channel`; this is the one place the hub depends on either
+# (tests/hub/test_serve_checker.py fails if a Daphne or Twisted release changes them).
+daphne_server.HTTPFactory = HeaderDeadlineFactory
 
 
 class RedactingCommandLineInterface(CommandLineInterface):

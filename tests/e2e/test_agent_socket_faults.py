@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import threading
 import uuid
 from pathlib import Path
 
@@ -81,3 +82,37 @@ def test_odd_socket_paths_get_403_from_daphne_without_a_traceback(
     text = log.read_text(errors="replace")
     assert "Traceback" not in text
     assert "No route found" not in text
+
+
+def test_a_client_that_drips_its_headers_is_cut_off(tmp_path: Path) -> None:
+    port = free_port()
+    env = hub_env(DATABASE_URL=hub_stack.test_database_url(), DEBUG="1")
+    argv = python_module("hub.serve", "-b", "127.0.0.1", "-p", str(port), "hub.asgi:application")
+    with running(argv, env=env, log=tmp_path / "web.log"):
+        assert wait_for_port(port, timeout_s=60)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as slow:
+            slow.sendall(b"GET /api/p2p/ws/ HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            closed = threading.Event()
+
+            def drip() -> None:
+                # One header line a second, for much longer than the deadline: every byte
+                # would reset an idle timeout.
+                for n in range(40):
+                    try:
+                        slow.sendall(f"X-Drip-{n}: x\r\n".encode())
+                    except OSError:
+                        closed.set()
+                        return
+                    if closed.wait(1):
+                        return
+
+            dripper = threading.Thread(target=drip, daemon=True)
+            dripper.start()
+            slow.settimeout(30)
+            try:
+                data = slow.recv(100)  # b"" (or a reset) when the server cuts it off
+            except ConnectionResetError:
+                data = b""
+            closed.set()
+            dripper.join(timeout=5)
+        assert data == b""
