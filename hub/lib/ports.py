@@ -13,6 +13,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As servers bind (Postgres and Redis do): connections in TIME_WAIT left by the last
+        # run do not make a port taken, only a listener does. Without it a restarted embedded
+        # Postgres moved to another port, away from the URL its clients hold.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

@@ -1,26 +1,34 @@
-"""The hub's own outages, with real processes: a Redis that is killed and comes back must not
-cost any agent its socket."""
+"""The hub's own outages, with real processes: a Redis that is killed and comes back costs no
+agent its socket; while Postgres is down the API answers 503 in its JSON shape, and the hub
+recovers when Postgres is back, without a restart. (make run's restarts of killed children:
+tests/hub/test_runner.py; no early offline after a Redis restart: the sweep's hold, in
+tests/hub/suppliers/test_supplier_services.py.)"""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from contextlib import ExitStack
 from pathlib import Path
 
+import httpx
 import pytest
 from asgiref.sync import async_to_sync
 from websockets.sync.client import connect as ws_connect
 
 from hub.lib.channel_layer import ResilientRedisChannelLayer
+from hub.lib.embedded import EmbeddedPostgres
 from hub.lib.ports import free_port, wait_for_port
+from hub.lib.supervise import Supervisor
 from hub.suppliers import services
 from hub.suppliers.models import Host
 from supplier_agent.protocol import Ping, encode
 from tests.hub.factories import gpu_state, heartbeat, make_user, register_message
 from tests.support import hub_stack
 from tests.support.polling import wait_for
-from tests.support.processes import hub_env, python_module, running
+from tests.support.processes import REPO_ROOT, hub_env, python_module, running
 from tests.support.redis_server import own_redis
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -82,3 +90,72 @@ def test_agent_sockets_survive_a_redis_outage_and_hear_the_hub_after_it(tmp_path
         assert ws.ping().wait(10)
     log = (tmp_path / "web.log").read_text(errors="replace")
     assert "Traceback" not in log, log[-3000:]
+
+
+def _manage(env: dict[str, str], *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def test_while_postgres_is_down_the_api_says_503_and_the_hub_recovers_by_itself(
+    state_dir: Path,
+) -> None:
+    # A Postgres of this test's own, to stop and start again (same data, same port).
+    first = Supervisor()
+    database_url = EmbeddedPostgres(state_dir / "postgres").start(first)
+    second: Supervisor | None = None
+    try:
+        env = hub_env(
+            DATABASE_URL=database_url,
+            DEBUG="0",
+            SECRET_KEY="s" * 50,
+            DATABASE_POOL_TIMEOUT_S="2",
+        )
+        _manage(env, "migrate", "--noinput", "-v", "0")
+        token = _manage(
+            env,
+            "shell",
+            "-c",
+            "from hub.accounts.models import User; "
+            "from hub.accounts.api_tokens import create_api_token; "
+            "print(create_api_token(User.objects.create_user('outage-renter'), 't')[1])",
+        )
+        port = free_port()
+        argv = python_module(
+            "hub.serve", "-b", "127.0.0.1", "-p", str(port), "hub.asgi:application"
+        )
+        auth = {"Authorization": f"Bearer {token}"}
+        account = f"http://127.0.0.1:{port}/api/v1/account/"
+        with running(argv, env=env, log=state_dir / "web.log"):
+            assert wait_for_port(port, timeout_s=60)
+            assert httpx.get(account, headers=auth, timeout=30).status_code == 200
+
+            first.stop_all()  # Postgres goes away under a hub with pooled connections
+            down = httpx.get(account, headers=auth, timeout=30)
+            assert down.status_code == 503
+            assert down.headers["content-type"] == "application/json"
+            assert "briefly unavailable" in down.json()["detail"]
+            assert int(down.headers["retry-after"]) > 0
+
+            second = Supervisor()
+            assert EmbeddedPostgres(state_dir / "postgres").start(second) == database_url
+            # Broken pooled connections are replaced, not reused: no restart of the hub.
+            wait_for(
+                lambda: httpx.get(account, headers=auth, timeout=30).status_code == 200,
+                timeout_s=60,
+                what="the API back after Postgres",
+            )
+    finally:
+        first.stop_all()
+        if second is not None:
+            second.stop_all()
