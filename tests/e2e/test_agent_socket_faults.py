@@ -65,7 +65,9 @@ def test_an_agent_that_vanishes_mid_burst_is_detached_and_nothing_reaches_daphne
 
 
 @pytest.mark.parametrize(
-    "path", ["/api/p2p/ws/../../admin/", "/api/p2p/ws/" + "a" * 10_000, "/api/p2p/ws/%00"]
+    "path",
+    ["/api/p2p/ws/../../admin/", "/api/p2p/ws/" + "a" * 10_000, "/api/p2p/ws/%00"],
+    ids=["dotdot", "10kb-token", "percent-00"],
 )
 def test_odd_socket_paths_get_403_from_daphne_without_a_traceback(
     path: str, tmp_path: Path
