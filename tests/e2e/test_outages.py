@@ -9,12 +9,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import redis
 from asgiref.sync import async_to_sync
 from websockets.sync.client import connect as ws_connect
 
@@ -23,7 +27,7 @@ from hub.lib.embedded import EmbeddedPostgres
 from hub.lib.ports import free_port, wait_for_port
 from hub.lib.supervise import Supervisor
 from hub.suppliers import services
-from hub.suppliers.models import Host
+from hub.suppliers.models import Host, HostTransition
 from supplier_agent.protocol import Ping, encode
 from tests.hub.factories import gpu_state, heartbeat, make_user, register_message
 from tests.support import hub_stack
@@ -159,3 +163,93 @@ def test_while_postgres_is_down_the_api_says_503_and_the_hub_recovers_by_itself(
         first.stop_all()
         if second is not None:
             second.stop_all()
+
+
+class _Beats(threading.Thread):
+    """An agent's heartbeats on its socket every half second while ``on`` is set."""
+
+    def __init__(self, ws: Any) -> None:
+        super().__init__(daemon=True)
+        self.ws, self.on, self.done = ws, threading.Event(), threading.Event()
+        self.last_sent = 0.0
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            if self.on.is_set():
+                self.ws.send(_heartbeat_frame(50))
+                self.last_sent = time.time()
+            self.done.wait(0.5)
+
+
+def test_a_redis_restart_from_an_old_snapshot_marks_no_host_offline_early(tmp_path: Path) -> None:
+    supplier = make_user("supplier")
+    redis_port = free_port()
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    snapshots = tmp_path / "snapshots"
+    snapshots.mkdir()
+    offline_after_s = 8
+    with ExitStack() as stack:
+        first_redis = stack.enter_context(own_redis(redis_port, tmp_path / "r1.log", snapshots))
+        hub = stack.enter_context(
+            hub_stack.hub_stack(
+                tmp_path, redis_url=redis_url, HOST_OFFLINE_AFTER_S=str(offline_after_s)
+            )
+        )
+        token = hub.manage("hub", "token", "create", "--owner", supplier.username)
+        ws = stack.enter_context(
+            ws_connect(
+                f"ws://127.0.0.1:{hub.web_ports[0]}/api/p2p/ws/",
+                additional_headers={"Authorization": f"Bearer {token}"},
+            )
+        )
+        agent_id = str(uuid.uuid4())
+        ws.send(encode(register_message(agent_id)))
+        assert json.loads(ws.recv(timeout=10))["type"] == "welcome"
+        host = Host.objects.get(agent_id=agent_id)
+        beats = _Beats(ws)
+        beats.on.set()
+        beats.start()
+        stack.callback(beats.done.set)
+        redis_client = redis.Redis.from_url(redis_url)
+        stack.callback(redis_client.close)
+
+        def deadline() -> float:
+            return float(redis_client.zscore("cloudgpu:host-liveness", str(host.pk)) or 0)
+
+        snapshot_deadline = wait_for(deadline, timeout_s=30, what="a liveness deadline")
+        redis_client.save()
+        # Heartbeats go on until the snapshot is well out of date.
+        wait_for(
+            lambda: deadline() > snapshot_deadline + offline_after_s + 2,
+            timeout_s=60,
+            what="the live deadline to move past the snapshot's",
+        )
+        beats.on.clear()
+        last_beat = beats.last_sent
+        first_redis.kill()
+        first_redis.wait()
+        stack.enter_context(own_redis(redis_port, tmp_path / "r2.log", snapshots))
+        # Redis is back with deadlines from the snapshot, all past. The host's real deadline
+        # (its last heartbeat + 8 s) is still ahead: any offline now would be early.
+        assert (
+            wait_for(lambda: deadline() or None, timeout_s=30, what="the snapshot loaded")
+            < time.time()
+        )
+        wait_for(
+            lambda: time.time() >= last_beat + offline_after_s - 2,
+            timeout_s=30,
+            what="the sweeps to run on the stale snapshot",
+        )
+        assert not HostTransition.objects.filter(host=host, to_status="offline").exists()
+        beats.on.set()  # the agent goes on; it never was away
+
+        # And the sweep does work after the restart: silence takes the host offline, on time.
+        wait_for(lambda: deadline() > time.time() + 4, timeout_s=30, what="fresh heartbeats")
+        beats.on.clear()
+        last_beat = beats.last_sent
+        went = wait_for(
+            lambda: HostTransition.objects.filter(host=host, to_status="offline").first(),
+            timeout_s=60,
+            what="the silent host offline",
+        )
+        assert went.at.timestamp() >= last_beat + offline_after_s
