@@ -63,6 +63,8 @@ BACKOFF_CAP_S = 60.0
 # A connection that lived this long counts as healthy: the next failure starts backoff afresh.
 STABLE_CONNECTION_S = 60.0
 DEADMAN_CHECK_S = 5.0
+HOUSEKEEPING_FIRST_S = 60.0
+HOUSEKEEPING_EVERY_S = 3600.0
 # A lease is released by the dead-man switch only this long after its paid time, so a short
 # hub outage around a top-up never ends paid work.
 DEADMAN_GRACE_S = 300
@@ -175,12 +177,14 @@ class Agent:
 
         watcher = loop.run_in_executor(None, self.runtime.watch_exits, report_exit, watcher_stop)
         deadman = asyncio.create_task(self._deadman_loop(stop))
+        housekeeping = asyncio.create_task(self._housekeeping_loop(stop))
         try:
             await self._connect_forever(stop)
         finally:
             watcher_stop.set()
             self.logs.stop_all()
             deadman.cancel()
+            housekeeping.cancel()
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(deadman, *self._tasks, return_exceptions=True)
@@ -369,6 +373,20 @@ class Agent:
                         claim.paid_until,
                     )
                     await self._release_locally(claim.lease_id)
+
+    async def _housekeeping_loop(self, stop: asyncio.Event) -> None:
+        """Idle renters' caches removed (volumes.py): soon after start, then hourly."""
+        delay = HOUSEKEEPING_FIRST_S
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+            if stop.is_set():
+                return
+            try:
+                await self.runtime.housekeeping()
+            except Exception:
+                log.exception("housekeeping failed")
+            delay = HOUSEKEEPING_EVERY_S
 
     def _note_exit(self, message: ContainerExited) -> None:
         self._pending_exits[message.lease_id] = message

@@ -49,6 +49,10 @@ class AgentConfig:
     allow_networks: tuple[str, ...] = ()
     # GPU rentals even on an NVIDIA toolkit older than 1.17.8 (toolkit.py): the name says it.
     accept_container_escape_risk: bool = False
+    # Renters' cache volumes unused this long are removed, and sooner while Docker's disk has
+    # less free than the floor (volumes.py).
+    volume_idle_days: float = 14.0
+    disk_floor_gib: float = 20.0
 
     @property
     def ws_url(self) -> str:
@@ -102,6 +106,16 @@ def _reserve(memory_mib: str | None, cpus: str | None) -> Reserve:
         return parse_reserve(memory_mib, cpus)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _positive(name: str, text: str | None) -> float:
+    try:
+        value = float(text or "")
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, not {text!r}") from None
+    if value < 0:
+        raise ConfigError(f"{name} cannot be negative")
+    return value
 
 
 def _allowed(text: str | None) -> tuple[str, ...]:
@@ -183,6 +197,8 @@ def load(flags: dict[str, str | None], env: dict[str, str] | None = None) -> Age
         allow_networks=_allowed(pick("allow_networks")),
         accept_container_escape_risk=(pick("accept_container_escape_risk") or "").lower()
         in {"1", "true", "yes"},
+        volume_idle_days=_positive("volume_idle_days", pick("volume_idle_days", "14")),
+        disk_floor_gib=_positive("disk_floor_gib", pick("disk_floor_gib", "20")),
     )
     websocket_url(config.hub_url)  # fail now, not at the first connection
     return config

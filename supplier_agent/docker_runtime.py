@@ -23,6 +23,7 @@ from supplier_agent.logs import LogSink
 from supplier_agent.protocol import DockerRun, GpuState
 from supplier_agent.runtime import CommandFailed, ExitReport, ReserveOutcome, RunOutcome
 from supplier_agent.state import Claim
+from supplier_agent.volumes import CacheJanitor
 
 log = logging.getLogger("cloudgpu.agent.docker")
 
@@ -49,6 +50,12 @@ class DockerRuntime:
             reserve=config.reserve,
             egress=EgressPolicy(config.allow_networks),
             toolkit_risk_accepted=config.accept_container_escape_risk,
+        )
+        self.janitor = CacheJanitor(
+            self.containers.client,
+            config.state_dir,
+            idle_days=config.volume_idle_days,
+            disk_floor_bytes=int(config.disk_floor_gib * 1024**3),
         )
         # Leases this runtime holds; exit reports for anyone else's containers are ignored.
         self._leases: set[str] = set()
@@ -107,6 +114,11 @@ class DockerRuntime:
             )
         except ContainerError as exc:
             raise CommandFailed(str(exc)) from None
+        if command.cache_volume is not None:
+            # The janitor's clock for this renter's cache starts again (volumes.py).
+            await asyncio.to_thread(
+                self.janitor.note_used, f"cloudgpu-cache-{command.cache_volume.name}"
+            )
         return RunOutcome(
             container_id=result.container_id,
             ports={str(inner): outer for inner, outer in result.ports.items()},
@@ -227,6 +239,12 @@ class DockerRuntime:
                     await asyncio.to_thread(self.containers.pull, image)
             except ContainerError as exc:
                 log.warning("pre-pull of %s failed: %s", image, exc)
+
+    async def housekeeping(self) -> None:
+        try:
+            await asyncio.to_thread(self.janitor.sweep)
+        except (DockerException, OSError) as exc:
+            log.warning("cache volume housekeeping failed: %s", exc)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.containers.close)

@@ -85,5 +85,8 @@ class MockRuntime:
     async def container_pids(self, lease_ids: Iterable[str]) -> dict[str, list[int]]:
         return {}
 
+    async def housekeeping(self) -> None:
+        return None
+
     async def close(self) -> None:
         return None

@@ -4,6 +4,8 @@ import stat
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.support.agents import AGENT, agent_env, configure, new_token
 
 
@@ -129,3 +131,17 @@ def test_configure_refuses_a_range_that_is_not_one(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "'the office' is not a network" in result.stderr
     assert not (state / "cloudgpu-agent.conf").exists()
+
+
+def test_cache_cleanup_settings_come_from_the_environment(tmp_path: Path) -> None:
+    from supplier_agent.config import ConfigError, load
+
+    state = tmp_path / "state"
+    assert configure(state, "https://hub.example.com", new_token()).returncode == 0
+    env = {"CLOUDGPU_VOLUME_IDLE_DAYS": "3", "CLOUDGPU_DISK_FLOOR_GIB": "50"}
+
+    config = load({"state": str(state)}, env=env)
+
+    assert (config.volume_idle_days, config.disk_floor_gib) == (3.0, 50.0)
+    with pytest.raises(ConfigError, match="volume_idle_days must be a number"):
+        load({"state": str(state)}, env={"CLOUDGPU_VOLUME_IDLE_DAYS": "two weeks"})
