@@ -14,13 +14,11 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
-from hub.lib.ports import free_port, wait_for_port
 from hub.suppliers import services
 from hub.suppliers.models import Host
 from tests.hub.factories import make_user, register_message
 from tests.support import hub_stack
 from tests.support.polling import wait_for
-from tests.support.processes import hub_env, python_module, running
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,12 +27,8 @@ def test_an_agent_that_vanishes_mid_burst_is_detached_and_nothing_reaches_daphne
     tmp_path: Path,
 ) -> None:
     _, token = services.create_agent_token(make_user("supplier"), "test")
-    port = free_port()
     log = tmp_path / "web.log"
-    env = hub_env(DATABASE_URL=hub_stack.test_database_url(), DEBUG="1")
-    argv = python_module("hub.serve", "-b", "127.0.0.1", "-p", str(port), "hub.asgi:application")
-    with running(argv, env=env, log=log):
-        assert wait_for_port(port, timeout_s=60)
+    with hub_stack.web_only(log) as port:
         agent_id = str(uuid.uuid4())
         ws = ws_connect(
             f"ws://127.0.0.1:{port}/api/p2p/ws/",
@@ -72,12 +66,8 @@ def test_an_agent_that_vanishes_mid_burst_is_detached_and_nothing_reaches_daphne
 def test_odd_socket_paths_get_403_from_daphne_without_a_traceback(
     path: str, tmp_path: Path
 ) -> None:
-    port = free_port()
     log = tmp_path / "web.log"
-    env = hub_env(DATABASE_URL=hub_stack.test_database_url(), DEBUG="1")
-    argv = python_module("hub.serve", "-b", "127.0.0.1", "-p", str(port), "hub.asgi:application")
-    with running(argv, env=env, log=log):
-        assert wait_for_port(port, timeout_s=60)
+    with hub_stack.web_only(log) as port:
         with pytest.raises(InvalidStatus) as refused:
             ws_connect(f"ws://127.0.0.1:{port}{path}", open_timeout=5).close()
         assert refused.value.response.status_code == 403
@@ -87,11 +77,7 @@ def test_odd_socket_paths_get_403_from_daphne_without_a_traceback(
 
 
 def test_a_client_that_drips_its_headers_is_cut_off(tmp_path: Path) -> None:
-    port = free_port()
-    env = hub_env(DATABASE_URL=hub_stack.test_database_url(), DEBUG="1")
-    argv = python_module("hub.serve", "-b", "127.0.0.1", "-p", str(port), "hub.asgi:application")
-    with running(argv, env=env, log=tmp_path / "web.log"):
-        assert wait_for_port(port, timeout_s=60)
+    with hub_stack.web_only(tmp_path / "web.log") as port:
         with socket.create_connection(("127.0.0.1", port), timeout=5) as slow:
             slow.sendall(b"GET /api/p2p/ws/ HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             closed = threading.Event()

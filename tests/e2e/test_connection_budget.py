@@ -20,10 +20,9 @@ from django.db import connection
 
 from hub.accounts.api_tokens import PREFIX, create_api_token
 from hub.lib import tokens
-from hub.lib.ports import free_port, wait_for_port
+from hub.lib.ports import free_port
 from tests.hub.factories import make_user
-from tests.support.hub_stack import HubStack, hub_stack
-from tests.support.processes import hub_env, python_module, running
+from tests.support.hub_stack import HubStack, hub_stack, web_only
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -108,16 +107,13 @@ def test_sequential_and_concurrent_requests_stay_within_the_pool(
 
 def test_without_postgres_requests_get_503_with_retry_after(tmp_path: Path) -> None:
     # Nothing listens on the port: every connection attempt is refused, as in an outage.
-    env = hub_env(
+    with web_only(
+        tmp_path / "web.log",
         DATABASE_URL=f"postgres://cloudgpu@127.0.0.1:{free_port()}/cloudgpu",
         DEBUG="0",
         SECRET_KEY="k" * 50,
         DATABASE_POOL_TIMEOUT_S="1",
-    )
-    port = free_port()
-    argv = python_module("hub.serve", "-b", "127.0.0.1", "-p", str(port), "hub.asgi:application")
-    with running(argv, env=env, log=tmp_path / "web.log"):
-        assert wait_for_port(port, timeout_s=60)
+    ) as port:
         base = f"http://127.0.0.1:{port}"
         # Well formed, so that checking it needs the database.
         token = tokens.generate_token(PREFIX)

@@ -101,3 +101,15 @@ def hub_stack(
         for port in stack.web_ports:
             assert wait_for_port(port, timeout_s=60), f"Daphne on {port} did not listen"
         yield stack
+
+
+@contextmanager
+def web_only(log: Path, **settings: str) -> Iterator[int]:
+    """One Daphne (no worker, no beat) on the test database unless ``settings`` say otherwise;
+    yields its port once it listens."""
+    env = hub_env(**{"DATABASE_URL": test_database_url(), "DEBUG": "1", **settings})
+    port = free_port()
+    argv = python_module("hub.serve", "-b", "127.0.0.1", "-p", str(port), "hub.asgi:application")
+    with running(argv, env=env, log=log):
+        assert wait_for_port(port, timeout_s=60), f"Daphne on {port} did not listen"
+        yield port
