@@ -44,7 +44,7 @@ class Host:
     def env(self) -> dict[str, str]:
         return agent_env(**fake_nvml_env(self.table.path))
 
-    def configure_agent(self, name: str, hub: HubPeer) -> Path:
+    def configure_agent(self, name: str, hub: HubPeer, *extra: str) -> Path:
         state = self.root / name
         result = configure(
             state,
@@ -56,6 +56,7 @@ class Host:
             "none",  # no NVIDIA runtime here; test_containers checks the device request
             "--lock-dir",
             str(self.lock_dir),
+            *extra,
             env=self.env(),
         )
         assert result.returncode == 0, result.stderr
@@ -350,22 +351,7 @@ def test_a_memory_bomb_is_killed_inside_its_limit_and_the_agent_reports_it(
     total_mib = int(Path("/proc/meminfo").read_text().split()[1]) // 1024
     with HubPeer(new_token()) as hub:
         # Everything but 600 MiB reserved: a lease on one of the two GPUs gets the 512 MiB floor.
-        state = host.root / "small"
-        configured = configure(
-            state,
-            hub.url,
-            hub.token,
-            "--runtime",
-            "docker",
-            "--gpu-devices",
-            "none",
-            "--lock-dir",
-            str(host.lock_dir),
-            "--reserve-memory-mib",
-            str(total_mib - 600),
-            env=host.env(),
-        )
-        assert configured.returncode == 0, configured.stderr
+        host.configure_agent("small", hub, "--reserve-memory-mib", str(total_mib - 600))
         with _agent(host, hub, "small", tmp_path / "small.log") as (process, conn):
             assert hub.command(conn, "reserve", lease, 1, gpus="0").ok
             bomb = "sleep 1; exec dd if=/dev/zero of=/dev/null bs=800M count=1"

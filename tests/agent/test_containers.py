@@ -84,6 +84,13 @@ def _lease_containers(docker_client: Any, lease_id: str) -> list[Any]:
     return docker_client.containers.list(all=True, filters={"label": f"cloudgpu.lease={lease_id}"})
 
 
+def _refused(runtime: ContainerRuntime, spec: DockerRun, agent_id: str, match: str) -> None:
+    """The run is refused with that reason, and leaves no container behind."""
+    with pytest.raises(ContainerError, match=match):
+        runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
+    assert _lease_containers(runtime.client, spec.lease_id) == []
+
+
 class _ExitReports(dict[str, int]):
     """{lease_id: exit_code} as watch_exits reports them; ``in`` takes in new reports first."""
 
@@ -250,10 +257,7 @@ def test_an_image_whose_config_sets_ld_preload_is_refused(
 ) -> None:
     spec = make_spec(image=image_with_env("ENV LD_PRELOAD=/lib/libhook.so"))
 
-    with pytest.raises(ContainerError, match="sets LD_PRELOAD"):
-        runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
-
-    assert _lease_containers(docker_client, spec.lease_id) == []
+    _refused(runtime, spec, agent_id, "sets LD_PRELOAD")
 
 
 @pytest.mark.parametrize("registry_host", ["127.0.0.1", "localhost"])
@@ -332,12 +336,7 @@ def test_missing_image_fails_and_leaves_no_container(
 def test_forbidden_env_is_refused_again_before_docker(
     runtime: ContainerRuntime, make_spec: SpecFactory, agent_id: str, docker_client: Any
 ) -> None:
-    spec = make_spec(env={"LD_PRELOAD": "/tmp/evil.so"})
-
-    with pytest.raises(ContainerError, match="LD_PRELOAD"):
-        runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
-
-    assert _lease_containers(docker_client, spec.lease_id) == []
+    _refused(runtime, make_spec(env={"LD_PRELOAD": "/tmp/evil.so"}), agent_id, "LD_PRELOAD")
 
 
 def test_warm_up_runs_inside_the_container_before_run_returns(
@@ -603,10 +602,7 @@ def test_a_cache_volume_shared_between_renters_is_refused(
     # The name older hubs sent for every renter of a template.
     spec = make_spec(cache_volume=CacheVolume(name="template-comfyui", path="/root"))
 
-    with pytest.raises(ContainerError, match="shared between renters"):
-        runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
-
-    assert _lease_containers(docker_client, spec.lease_id) == []
+    _refused(runtime, spec, agent_id, "shared between renters")
 
 
 def test_a_lease_is_limited_to_its_gpus_share_of_memory_and_cpus(
