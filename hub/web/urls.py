@@ -17,6 +17,11 @@ urlpatterns = [
     path("leases/<uuid:lease_id>/", renter.lease_detail, name="lease"),
     path("leases/<uuid:lease_id>/panel/", renter.lease_panel, name="lease-panel"),
     path("leases/<uuid:lease_id>/stop/", renter.lease_stop, name="lease-stop"),
+    path(
+        "leases/<uuid:lease_id>/access-token/",
+        renter.lease_access_token,
+        name="lease-access-token",
+    ),
     path("usage/", renter.usage, name="usage"),
     path("account/api-tokens/", api_tokens.api_tokens, name="api-tokens"),
     path(

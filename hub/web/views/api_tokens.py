@@ -6,31 +6,32 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
 from hub.accounts.api_tokens import create_api_token, revoke_api_token
 from hub.accounts.models import ApiToken
 from hub.web.forms import TokenForm
 
-_NEW_TOKEN_KEY = "web:new-api-token"  # noqa: S105 (a session key)
-
 
 @login_required
+@never_cache
 @require_http_methods(["GET", "POST"])
 def api_tokens(request: HttpRequest) -> HttpResponse:
     form = TokenForm(request.POST or None)
+    new_token = None
     if request.method == "POST" and form.is_valid():
-        _, plaintext = create_api_token(request.user, form.cleaned_data["name"])
-        # Kept only until the next page view, which shows it once.
-        request.session[_NEW_TOKEN_KEY] = plaintext
-        return redirect("web:api-tokens")
+        # Shown in this response only: a plaintext token is never kept anywhere, not even in
+        # the session store until the next page view (issue 14). never_cache: not in caches.
+        _, new_token = create_api_token(request.user, form.cleaned_data["name"])
+        form = TokenForm()
     context = {
         "form": form,
         "tokens": ApiToken.objects.filter(user=request.user).order_by("-created_at"),
-        "new_token": request.session.pop(_NEW_TOKEN_KEY, None),
+        "new_token": new_token,
         "api_base": request.build_absolute_uri("/api/v1/"),
     }
-    return render(request, "web/api_tokens.html", context)
+    return render(request, "web/api_tokens.html", context, status=201 if new_token else 200)
 
 
 @login_required

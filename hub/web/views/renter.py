@@ -9,6 +9,7 @@ from django.contrib.auth.decorators import login_required
 from django.db.models import Sum
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from hub.billing import services as billing
@@ -21,8 +22,6 @@ from hub.suppliers.models import Gpu, Host
 from hub.tunnels import access
 from hub.tunnels import services as tunnels
 from hub.web.forms import OfferFilterForm, RentForm
-
-_ACCESS_TOKEN_KEY = "web:access-token:{}"  # noqa: S105 (a session key)
 
 
 def _is_htmx(request: HttpRequest) -> bool:
@@ -57,9 +56,6 @@ def rent(request: HttpRequest, gpu_id: int) -> HttpResponse:
             except leases.LeaseError as exc:
                 form.add_error(None, _sentence(str(exc)))
             else:
-                if lease.access_protected:
-                    # Shown once on the lease page, then gone from the session.
-                    request.session[_ACCESS_TOKEN_KEY.format(lease.pk)] = access.issue(lease.pk)
                 messages.success(request, "Rental started. It is being set up on the host.")
                 return redirect("web:lease", lease_id=lease.pk)
         status = 400
@@ -101,8 +97,19 @@ def _lease_context(lease: Lease) -> dict[str, Any]:
 @require_GET
 def lease_detail(request: HttpRequest, lease_id: Any) -> HttpResponse:
     lease = _own_lease(request, lease_id)
+    return render(request, "web/lease.html", _lease_context(lease))
+
+
+@login_required
+@never_cache
+@require_POST
+def lease_access_token(request: HttpRequest, lease_id: Any) -> HttpResponse:
+    """A new access token for a protected lease's URLs, in this response only: never kept in
+    the session store (issue 14); the renter can ask for another any time."""
+    lease = _own_lease(request, lease_id)
     context = _lease_context(lease)
-    context["access_token"] = request.session.pop(_ACCESS_TOKEN_KEY.format(lease.pk), None)
+    if lease.access_protected and lease.active:
+        context["access_token"] = access.issue(lease.pk)
     return render(request, "web/lease.html", context)
 
 

@@ -17,6 +17,7 @@ from django.db.models.functions import TruncDate
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 import supplier_agent
@@ -26,7 +27,6 @@ from hub.suppliers import services as suppliers
 from hub.suppliers.models import AgentToken, Gpu, GpuSample, Host
 from hub.web.forms import GpuTermsForm, TokenForm
 
-_NEW_TOKEN_KEY = "web:new-agent-token"  # noqa: S105 (a session key)
 SPARKLINE_WINDOW = timedelta(hours=1)
 SPARKLINE_POINTS = 60
 
@@ -40,24 +40,24 @@ def install_command(token: str) -> str:
 
 
 @login_required
+@never_cache
 @require_http_methods(["GET", "POST"])
 def tokens(request: HttpRequest) -> HttpResponse:
     form = TokenForm(request.POST or None)
+    new_token = None
     if request.method == "POST" and form.is_valid():
-        token, plaintext = suppliers.create_agent_token(request.user, form.cleaned_data["name"])
-        # Kept only until the next page view, which shows it once.
-        request.session[_NEW_TOKEN_KEY] = {"id": token.pk, "plaintext": plaintext}
-        return redirect("web:tokens")
-    new = request.session.pop(_NEW_TOKEN_KEY, None)
+        # Shown in this response only, never kept in the session store (issue 14).
+        _, new_token = suppliers.create_agent_token(request.user, form.cleaned_data["name"])
+        form = TokenForm()
     context = {
         "form": form,
         "tokens": AgentToken.objects.filter(owner=request.user)
         .annotate(host_count=Count("hosts"))
         .order_by("-created_at"),
-        "new_token": new["plaintext"] if new else None,
-        "install_command": install_command(new["plaintext"]) if new else None,
+        "new_token": new_token,
+        "install_command": install_command(new_token) if new_token else None,
     }
-    return render(request, "web/tokens.html", context)
+    return render(request, "web/tokens.html", context, status=201 if new_token else 200)
 
 
 @login_required

@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 import pytest
+from django.contrib.sessions.models import Session
 from django.core.cache import cache
 from django.test import Client
 from django.urls import reverse
@@ -122,10 +123,39 @@ def test_renting_with_a_template_opens_the_lease_page_with_the_access_token_once
     assert lease.access_protected
     assert lease.stop_at is not None
     first = client.get(response["Location"]).content.decode()
-    assert "cgpa_" in first
+    assert "cgpa_" not in first  # tokens are never kept to show later (issue 14)
+    assert "Create an access token" in first
     assert "shown live below" in first
     assert f'data-live-logs="{lease.pk}"' in first  # live.js follows this lease's output
+    issued = client.post(reverse("web:lease-access-token", args=[lease.pk])).content.decode()
+    assert "cgpa_" in issued
     assert "cgpa_" not in client.get(response["Location"]).content.decode()
+
+
+def test_no_plaintext_token_ever_reaches_the_session_store() -> None:
+    supplier, renter = f.make_user("supplier"), _funded_renter()
+    host = _priced_host()
+    template = Template.objects.create(slug="p", name="P", image="busybox", ports=[8080])
+    supplier_client, renter_client = _client(supplier), _client(renter)
+
+    agent = supplier_client.post(reverse("web:tokens"), {"name": "rig"}).content.decode()
+    api = renter_client.post(reverse("web:api-tokens"), {"name": "ci"}).content.decode()
+    renter_client.post(
+        reverse("web:rent", args=[host.gpus.get().pk]),
+        {"template": template.pk, "access_protected": "on"},
+    )
+    lease = Lease.objects.get(renter=renter)
+    access_page = renter_client.post(reverse("web:lease-access-token", args=[lease.pk]))
+
+    # Each was shown in the response that made it...
+    assert "cgpu_" in agent
+    assert "cgpr_" in api
+    assert "cgpa_" in access_page.content.decode()
+    assert "no-store" in access_page["Cache-Control"]
+    # ...and none of them is in any session.
+    stored = " ".join(str(s.get_decoded()) for s in Session.objects.all())
+    for prefix in ("cgpu_", "cgpr_", "cgpa_"):
+        assert prefix not in stored
 
 
 @pytest.mark.parametrize(
