@@ -337,6 +337,9 @@ CACHES = {
 # Failed logins allowed per username and client address in LOGIN_RATE_WINDOW_S.
 LOGIN_RATE_LIMIT = env_int("LOGIN_RATE_LIMIT", 5)
 LOGIN_RATE_WINDOW_S = env_int("LOGIN_RATE_WINDOW_S", 900)
+# Sign-ups allowed per client address in SIGNUP_RATE_WINDOW_S.
+SIGNUP_RATE_LIMIT = env_int("SIGNUP_RATE_LIMIT", 5)
+SIGNUP_RATE_WINDOW_S = env_int("SIGNUP_RATE_WINDOW_S", 3600)
 
 # --- Money (hub/billing): integer micro-units, 1 unit = 1,000,000 micros --------------------
 # Running leases are charged per second, in batches this often (a beat task).

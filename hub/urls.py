@@ -5,12 +5,14 @@ from django.urls import include, path, re_path
 
 from hub.health.views import healthz
 from hub.installer import views as installer
+from hub.web.views.accounts import admin_login
 from hub.web.views.home import home
 
 urlpatterns = [
     path("", home, name="home"),
     path("healthz", healthz, name="healthz"),
     path("admin/fleet/", include("hub.fleet.urls")),
+    path("admin/login/", admin_login, name="admin-login"),
     path("admin/", admin.site.urls),
     path("api/", include("hub.api.urls")),
     path("install.sh", installer.install_script, name="install-script"),

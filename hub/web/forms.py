@@ -9,6 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 from django import forms
+from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import get_user_model
 from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
 
@@ -27,13 +28,19 @@ class SignUpForm(UserCreationForm):
         model = get_user_model()
         fields = ("username", "email")
 
+    def clean_username(self) -> str:
+        # Django's UsernameField has NFKC-normalised it, as it does at login: a fullwidth "renter"
+        # arrives as "renter". Case is not enough to tell two people apart either.
+        username = self.cleaned_data["username"]
+        if get_user_model().objects.filter(username__iexact=username).exists():
+            raise forms.ValidationError("That username is taken.", code="taken")
+        return username
 
-class RateLimitedLoginForm(AuthenticationForm):
-    """Django's login form, refusing early once a username has failed too often from one
-    address (the counter lives in the shared cache, see hub/web/ratelimit.py)."""
+
+class RateLimitMixin:
+    """The login limiter for any AuthenticationForm (the dashboard's and the admin's)."""
 
     error_messages = {
-        **AuthenticationForm.error_messages,
         "rate_limited": (
             "Too many failed log-in attempts for this username from your address. "
             "Wait 15 minutes and try again."
@@ -41,17 +48,31 @@ class RateLimitedLoginForm(AuthenticationForm):
     }
 
     def clean(self) -> dict[str, Any]:
-        username = self.data.get("username", "")
-        address = ratelimit.client_address(self.request) if self.request else "unknown"
+        username = self.data.get("username", "")  # type: ignore[attr-defined]
+        request = self.request  # type: ignore[attr-defined]
+        address = ratelimit.client_address(request) if request else "unknown"
         if ratelimit.blocked(username, address):
             raise forms.ValidationError(self.error_messages["rate_limited"], code="rate_limited")
         try:
-            cleaned = super().clean()
+            cleaned = super().clean()  # type: ignore[misc]
         except forms.ValidationError:
             ratelimit.record_failure(username, address)
             raise
         ratelimit.clear(username, address)
-        return cleaned
+        return cleaned  # type: ignore[no-any-return]
+
+
+class RateLimitedLoginForm(RateLimitMixin, AuthenticationForm):
+    """Django's login form, refusing early once a username has failed too often from one
+    address (the counter lives in the shared cache, see hub/web/ratelimit.py)."""
+
+    error_messages = {**AuthenticationForm.error_messages, **RateLimitMixin.error_messages}
+
+
+class RateLimitedAdminLoginForm(RateLimitMixin, AdminAuthenticationForm):
+    """The admin's login form under the same limiter and counters."""
+
+    error_messages = {**AdminAuthenticationForm.error_messages, **RateLimitMixin.error_messages}
 
 
 def _parse_ports(text: str) -> list[Any]:

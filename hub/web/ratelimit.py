@@ -1,18 +1,27 @@
 """Failed logins counted per username and client address in the shared cache (Redis), so a
-password cannot be guessed quickly through any number of web processes."""
+password cannot be guessed quickly through any number of web processes; sign-ups counted per
+address. One limiter for every login form (the dashboard's and the admin's)."""
 
 from __future__ import annotations
 
 import hashlib
+import unicodedata
 
 from django.conf import settings
 from django.core.cache import cache
 from django.http import HttpRequest
 
 
+def normalized_username(username: str) -> str:
+    """What Django logs in as (NFKC, as its login form normalises), case folded: fullwidth or
+    mathematical-bold look-alikes of a name share its counter instead of getting their own."""
+    return unicodedata.normalize("NFKC", username).casefold().strip()
+
+
 def _key(username: str, address: str) -> str:
     # Hashed: usernames are free text and cache keys must be short and safe.
-    digest = hashlib.sha256(f"{username.strip().lower()}\0{address}".encode()).hexdigest()
+    name = normalized_username(username)
+    digest = hashlib.sha256(f"{name}\0{address}".encode(errors="surrogatepass")).hexdigest()
     return f"login-failures:{digest[:40]}"
 
 
@@ -37,3 +46,20 @@ def record_failure(username: str, address: str) -> None:
 
 def clear(username: str, address: str) -> None:
     cache.delete(_key(username, address))
+
+
+def _signup_key(address: str) -> str:
+    return f"signups:{hashlib.sha256(address.encode()).hexdigest()[:40]}"
+
+
+def signup_allowed(address: str) -> bool:
+    """Counts this sign-up attempt; False once the address made SIGNUP_RATE_LIMIT in the window."""
+    key = _signup_key(address)
+    if cache.add(key, 1, timeout=settings.SIGNUP_RATE_WINDOW_S):
+        return True
+    try:
+        count = cache.incr(key)
+    except ValueError:
+        cache.add(key, 1, timeout=settings.SIGNUP_RATE_WINDOW_S)
+        return True
+    return count <= settings.SIGNUP_RATE_LIMIT
