@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from channels.auth import AuthMiddlewareStack
 from channels.generic.websocket import AsyncWebsocketConsumer
-from channels.security.websocket import AllowedHostsOriginValidator
+from channels.security.websocket import OriginValidator
+from django.conf import settings
 from django.urls import URLPattern, path, re_path
 
 from hub.suppliers.consumers import AgentConsumer
@@ -26,6 +27,14 @@ websocket_urlpatterns: list[URLPattern] = [
     # The original agents' form, kept for compatibility; the token never reaches a log line.
     re_path(r"^api/p2p/ws/(?P<token>[A-Za-z0-9_]{1,128})/?$", AgentConsumer.as_asgi()),
     # The dashboard's live updates: same-origin browsers with a session only.
-    path("ws/live/", AllowedHostsOriginValidator(AuthMiddlewareStack(LiveConsumer.as_asgi()))),
+    # Origin must be the hub's own, scheme, host and port exactly (settings.LIVE_SOCKET_ORIGINS):
+    # a host-only check let another port of the same host in.
+    path(
+        "ws/live/",
+        OriginValidator(
+            AuthMiddlewareStack(LiveConsumer.as_asgi()),
+            settings.LIVE_SOCKET_ORIGINS,
+        ),
+    ),
     re_path(r"", UnknownPath.as_asgi()),
 ]

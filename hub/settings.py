@@ -99,6 +99,14 @@ ALLOWED_HOSTS = env_list(
     "ALLOWED_HOSTS", [_public.hostname, "localhost", "127.0.0.1", "[::1]", "web"]
 )
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [f"{_public.scheme}://{_public.netloc}"])
+# The live socket's Origin must be one of these exactly (scheme, host and port). On a loopback
+# hub (make run) the loopback names are one machine: http://localhost:8000 is the same page.
+LIVE_SOCKET_ORIGINS = [HUB_PUBLIC_URL, *CSRF_TRUSTED_ORIGINS]
+if _public.hostname in {"127.0.0.1", "localhost", "::1"}:
+    _port = f":{_public.port}" if _public.port else ""
+    LIVE_SOCKET_ORIGINS += [
+        f"{_public.scheme}://{name}{_port}" for name in ("127.0.0.1", "localhost", "[::1]")
+    ]
 
 INSTALLED_APPS = [
     "daphne",

@@ -23,7 +23,10 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
+from django.contrib.auth import SESSION_KEY
+from django.contrib.sessions.models import Session
 from django.db.models import Max
+from django.utils import timezone
 
 from hub.leases import logs as lease_logs
 from hub.leases.models import Lease
@@ -73,6 +76,14 @@ def snapshot(user_id: int) -> dict[str, Any]:
             for pk, status, maintenance, version, seen, stats_at in hosts
         },
     }
+
+
+def session_is_live(session_key: str | None, user_id: int) -> bool:
+    """Whether the socket's session still exists, unexpired, for the same person."""
+    if not session_key:
+        return False
+    row = Session.objects.filter(session_key=session_key, expire_date__gt=timezone.now()).first()
+    return row is not None and str(row.get_decoded().get(SESSION_KEY)) == str(user_id)
 
 
 def followed_lease(user_id: int, lease_id: str) -> tuple[str, str] | None:
@@ -202,7 +213,13 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
     async def _poll(self) -> None:
         last: dict[str, Any] | None = None
         interval = getattr(settings, "DASHBOARD_POLL_INTERVAL_S", POLL_INTERVAL_S)
+        session_key = getattr(self.scope.get("session"), "session_key", None)
         while True:
+            # Logging out (here or in any other tab) ends the session: the socket closes
+            # within a poll instead of streaming to a signed-out page.
+            if not await database_sync_to_async(session_is_live)(session_key, self.user_id):
+                await self.close(code=CLOSE_UNAUTHENTICATED)
+                return
             current = await database_sync_to_async(snapshot)(self.user_id)
             if current != last:
                 await self.send_json(current)

@@ -76,8 +76,13 @@ def hub_stack(
     overrides = {"DATABASE_URL": test_database_url(), "DEBUG": "1", **FAST_TIMINGS, **settings}
     if redis_url:
         overrides["REDIS_URL"] = redis_url
+    web_ports = [free_port() for _ in range(webs)]
+    # The live socket takes only the hub's own origins: here, each Daphne's.
+    overrides.setdefault(
+        "CSRF_TRUSTED_ORIGINS", ",".join(f"http://127.0.0.1:{port}" for port in web_ports)
+    )
     env = hub_env(**overrides)
-    stack = HubStack(web_ports=[free_port() for _ in range(webs)], env=env)
+    stack = HubStack(web_ports=web_ports, env=env)
     with ExitStack() as processes:
         for n, port in enumerate(stack.web_ports):
             log = log_dir / f"web-{n}.log"

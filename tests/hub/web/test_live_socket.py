@@ -138,3 +138,43 @@ async def test_a_renter_follows_the_live_output_of_their_own_lease_only() -> Non
         await socket.disconnect()
         for key in (lease_id, str(other_lease.pk)):
             liveness.sync_client().delete(lease_logs.backlog_key(key))
+
+
+async def test_another_port_of_the_same_host_is_a_foreign_origin() -> None:
+    user = await database_sync_to_async(f.make_user)("renter")
+    cookie = await database_sync_to_async(_session_cookie)(user)
+    for origin in (b"http://127.0.0.1:8001", b"https://127.0.0.1:8000", b"http://127.0.0.1"):
+        socket = _socket([(b"origin", origin), (b"cookie", cookie)])
+        connected, _ = await socket.connect()
+        assert not connected, origin
+
+
+async def test_logging_out_closes_the_live_socket() -> None:
+    user = await database_sync_to_async(f.make_user)("renter")
+    client = Client()
+    await database_sync_to_async(client.force_login)(user)
+    cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
+    socket = _socket([(b"origin", ORIGIN), (b"cookie", cookie)])
+    connected, _ = await socket.connect()
+    assert connected
+    await socket.receive_json_from(timeout=5)  # the first snapshot
+
+    logout = await database_sync_to_async(client.post)("/logout/")
+    assert logout.status_code == 302
+
+    closed = None
+    while closed is None:
+        output = await socket.receive_output(timeout=5)
+        if output["type"] == "websocket.close":
+            closed = output
+    assert closed["code"] == 4401
+    await socket.disconnect()
+
+
+async def test_on_a_loopback_hub_localhost_is_the_same_origin() -> None:
+    user = await database_sync_to_async(f.make_user)("renter")
+    cookie = await database_sync_to_async(_session_cookie)(user)
+    socket = _socket([(b"origin", b"http://localhost:8000"), (b"cookie", cookie)])
+    connected, _ = await socket.connect()
+    assert connected
+    await socket.disconnect()
