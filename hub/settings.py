@@ -80,7 +80,9 @@ try:
 except EnvError as exc:
     raise ImproperlyConfigured(str(exc)) from None
 
-if not DEBUG and (SECRET_KEY == _DEV_SECRET_KEY or len(SECRET_KEY) < 32):
+# 50, as the message says and as Django's own deploy check (security.W009) wants.
+MIN_SECRET_KEY_LENGTH = 50
+if not DEBUG and (SECRET_KEY == _DEV_SECRET_KEY or len(SECRET_KEY) < MIN_SECRET_KEY_LENGTH):
     raise ImproperlyConfigured(
         "SECRET_KEY (or SECRET_KEY_FILE) must be set to a random string of 50+ characters "
         "when DEBUG is off; generate one with: "
@@ -146,6 +148,7 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "hub.urls"
+CSRF_FAILURE_VIEW = "hub.health.views.csrf_failure"
 ASGI_APPLICATION = "hub.asgi.application"
 
 TEMPLATES = [

@@ -24,3 +24,7 @@ urlpatterns = [
 
 # Used with DEBUG off: a database outage answers 503 (JSON under /api/), never a bare 500 page.
 handler500 = "hub.health.views.server_error"
+# Under /api/ every error is JSON in the API's shape ({"detail": ...}), also for a malformed id.
+handler404 = "hub.health.views.not_found"
+handler400 = "hub.health.views.bad_request"
+handler403 = "hub.health.views.forbidden"

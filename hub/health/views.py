@@ -54,3 +54,34 @@ def server_error(request: HttpRequest) -> HttpResponse:
     if unavailable:
         response["Retry-After"] = str(RETRY_AFTER_S)
     return response
+
+
+def _api_error(request: HttpRequest, status: int, detail: str, page: str) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": detail}, status=status)
+    return HttpResponse(_PAGE.format(page), status=status)
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """handler404 (DEBUG off): the API's JSON shape under /api/ (a malformed id included)."""
+    return _api_error(request, 404, "Not found.", "There is nothing at this address.")
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """handler400: e.g. a host not in ALLOWED_HOSTS, a body too large for a form."""
+    return _api_error(request, 400, "The request could not be understood.", "Bad request.")
+
+
+def forbidden(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """handler403 (CSRF failures have their own view, below)."""
+    return _api_error(request, 403, "You may not do that.", "You may not do that.")
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """CSRF_FAILURE_VIEW: a session-authenticated API call without its CSRF token gets JSON."""
+    return _api_error(
+        request,
+        403,
+        "CSRF check failed: send the csrftoken cookie's value as X-CSRFToken, or use a token.",
+        "This form has expired or came from another site. Go back, reload and try again.",
+    )

@@ -131,3 +131,10 @@ def test_the_old_persistent_connection_setting_is_refused_with_the_new_one_named
     result = _manage(hub_env(DEBUG="1", DATABASE_CONN_MAX_AGE="60"), "check")
     assert result.returncode != 0
     assert "DATABASE_POOL_MAX_SIZE" in result.stderr
+
+
+def test_a_secret_key_shorter_than_the_message_says_is_refused() -> None:
+    result = _manage(_without_secrets(SECRET_KEY="k" * 49, DEBUG="0"), "check")
+    assert result.returncode != 0
+    assert "50+ characters" in result.stderr
+    assert _manage(_without_secrets(SECRET_KEY="k" * 50, DEBUG="0"), "check").returncode == 0
