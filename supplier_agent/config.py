@@ -6,12 +6,16 @@ from __future__ import annotations
 import configparser
 import ipaddress
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from supplier_agent.egress import parse_allowed
 from supplier_agent.limits import DEFAULT_RESERVE, Reserve, parse_reserve
+
+T = TypeVar("T")
 
 CONFIG_NAME = "cloudgpu-agent.conf"
 WS_PATH = "/api/p2p/ws/"
@@ -101,9 +105,10 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def _reserve(memory_mib: str | None, cpus: str | None) -> Reserve:
+def _parsed(parse: Callable[..., T], *texts: str | None) -> T:
+    """A setting through its module's parser, its ValueError as this module's ConfigError."""
     try:
-        return parse_reserve(memory_mib, cpus)
+        return parse(*texts)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -116,13 +121,6 @@ def _positive(name: str, text: str | None) -> float:
     if value < 0:
         raise ConfigError(f"{name} cannot be negative")
     return value
-
-
-def _allowed(text: str | None) -> tuple[str, ...]:
-    try:
-        return parse_allowed(text)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
 
 
 def read_file(state_dir: Path) -> dict[str, str]:
@@ -193,8 +191,8 @@ def load(flags: dict[str, str | None], env: dict[str, str] | None = None) -> Age
         gpu_devices=_choice("gpu-devices", pick("gpu_devices", "nvidia") or "nvidia", GPU_DEVICES),
         lock_dir=Path(pick("lock_dir", "/var/lock") or "/var/lock"),
         log_level=(pick("log_level", "INFO") or "INFO").upper(),
-        reserve=_reserve(pick("reserve_memory_mib"), pick("reserve_cpus")),
-        allow_networks=_allowed(pick("allow_networks")),
+        reserve=_parsed(parse_reserve, pick("reserve_memory_mib"), pick("reserve_cpus")),
+        allow_networks=_parsed(parse_allowed, pick("allow_networks")),
         accept_container_escape_risk=(pick("accept_container_escape_risk") or "").lower()
         in {"1", "true", "yes"},
         volume_idle_days=_positive("volume_idle_days", pick("volume_idle_days", "14")),

@@ -437,7 +437,7 @@ class ContainerRuntime:
                 f"cache volume {name} would be shared between renters; this agent mounts only "
                 "per-renter caches (upgrade the hub)"
             )
-        volume_name = f"cloudgpu-cache-{name}"
+        volume_name = cache_volume_name(name)
         try:
             volume = self.client.volumes.get(volume_name)
         except NotFound:
@@ -608,6 +608,11 @@ def _pull_error(ref: str, detail: str) -> ContainerError:
     if any(marker in lowered for marker in unreachable):
         return ContainerError(f"the registry of image {ref} is unreachable from this host")
     return ContainerError(f"pulling image {ref} failed on this host")
+
+
+def cache_volume_name(name: str) -> str:
+    """The Docker volume behind a lease's ``cache_volume.name``."""
+    return f"cloudgpu-cache-{name}"
 
 
 def bridge_interface(network: dict[str, Any]) -> str:

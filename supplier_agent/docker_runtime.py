@@ -16,7 +16,7 @@ from docker.types.daemon import CancellableStream
 from supplier_agent.claims import ClaimManager, ClaimRefused
 from supplier_agent.config import AgentConfig
 from supplier_agent.container_events import close_stream
-from supplier_agent.containers import ContainerError, ContainerRuntime
+from supplier_agent.containers import ContainerError, ContainerRuntime, cache_volume_name
 from supplier_agent.egress import EgressPolicy
 from supplier_agent.gpu import Nvml
 from supplier_agent.logs import LogSink
@@ -117,7 +117,7 @@ class DockerRuntime:
         if command.cache_volume is not None:
             # The janitor's clock for this renter's cache starts again (volumes.py).
             await asyncio.to_thread(
-                self.janitor.note_used, f"cloudgpu-cache-{command.cache_volume.name}"
+                self.janitor.note_used, cache_volume_name(command.cache_volume.name)
             )
         return RunOutcome(
             container_id=result.container_id,

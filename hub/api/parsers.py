@@ -31,13 +31,11 @@ def json_depth_exceeds(value: Any, limit: int) -> bool:
 
 class BoundedJSONParser(JSONParser):
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        too_deep = ParseError(f"JSON nested more than {MAX_JSON_DEPTH} levels deep")
         try:
             data = super().parse(stream, media_type, parser_context)
         except RecursionError:
-            data = None
-            too_deep = True
-        else:
-            too_deep = json_depth_exceeds(data, MAX_JSON_DEPTH)
-        if too_deep:
-            raise ParseError(f"JSON nested more than {MAX_JSON_DEPTH} levels deep")
+            raise too_deep from None
+        if json_depth_exceeds(data, MAX_JSON_DEPTH):
+            raise too_deep
         return data

@@ -47,16 +47,14 @@ def server_error(request: HttpRequest) -> HttpResponse:
     # bugs and stay 500.
     unavailable = isinstance(exc, OperationalError | InterfaceError)
     status, detail = (503, _UNAVAILABLE) if unavailable else (500, _BROKEN)
-    if request.path.startswith("/api/"):
-        response: HttpResponse = JsonResponse({"detail": detail}, status=status)
-    else:
-        response = HttpResponse(_PAGE.format(detail), status=status)
+    response = _api_error(request, status, detail, detail)
     if unavailable:
         response["Retry-After"] = str(RETRY_AFTER_S)
     return response
 
 
 def _api_error(request: HttpRequest, status: int, detail: str, page: str) -> HttpResponse:
+    """``{"detail": detail}`` under /api/ (the API's error shape), else a page saying ``page``."""
     if request.path.startswith("/api/"):
         return JsonResponse({"detail": detail}, status=status)
     return HttpResponse(_PAGE.format(page), status=status)

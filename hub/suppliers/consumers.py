@@ -102,6 +102,7 @@ def _bearer(scope: dict[str, Any]) -> str | None:
 class AgentConsumer(AsyncWebsocketConsumer):
     token_id: int | None = None
     host_id: int | None = None
+    # Set once this side closes: frames still buffered are dropped without work or logs.
     _closing = False
 
     async def connect(self) -> None:
@@ -119,8 +120,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self._log_frames_in_window = 0
         self._log_lookups_in_window = 0
         self._log_leases: dict[str, bool] = {}  # lease id -> on this socket's host
-        # Set once this side closes: frames still buffered are dropped without work or logs.
-        self._closing = False
         # No per-token group: revocation reaches registered sockets through their hosts'
         # channels, and `register` re-checks the token. A group_add (and group_discard) per
         # connection cost a pooled Redis connection per concurrent handshake in a storm.
@@ -329,10 +328,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         self._closing = True
         try:
-            if code is None:
-                await self.close()
-            else:
-                await self.close(code=code)
+            await self.close(code=code)  # None: Channels' plain close
         except Exception as exc:
             log.info("agent on host %s: socket already closed (%s)", self.host_id, exc)
 

@@ -34,14 +34,20 @@ def blocked(username: str, address: str) -> bool:
     return int(cache.get(_key(username, address), 0)) >= settings.LOGIN_RATE_LIMIT
 
 
-def record_failure(username: str, address: str) -> None:
-    key = _key(username, address)
+def _count(key: str, window_s: int) -> int:
+    """Add one to a counter that lives ``window_s`` from its first count; the new count."""
     # add() starts the window only once; incr() keeps its expiry.
-    if not cache.add(key, 1, timeout=settings.LOGIN_RATE_WINDOW_S):
-        try:
-            cache.incr(key)
-        except ValueError:  # expired between the two calls
-            cache.add(key, 1, timeout=settings.LOGIN_RATE_WINDOW_S)
+    if cache.add(key, 1, timeout=window_s):
+        return 1
+    try:
+        return int(cache.incr(key))
+    except ValueError:  # expired between the two calls
+        cache.add(key, 1, timeout=window_s)
+        return 1
+
+
+def record_failure(username: str, address: str) -> None:
+    _count(_key(username, address), settings.LOGIN_RATE_WINDOW_S)
 
 
 def clear(username: str, address: str) -> None:
@@ -54,12 +60,5 @@ def _signup_key(address: str) -> str:
 
 def signup_allowed(address: str) -> bool:
     """Counts this sign-up attempt; False once the address made SIGNUP_RATE_LIMIT in the window."""
-    key = _signup_key(address)
-    if cache.add(key, 1, timeout=settings.SIGNUP_RATE_WINDOW_S):
-        return True
-    try:
-        count = cache.incr(key)
-    except ValueError:
-        cache.add(key, 1, timeout=settings.SIGNUP_RATE_WINDOW_S)
-        return True
+    count = _count(_signup_key(address), settings.SIGNUP_RATE_WINDOW_S)
     return count <= settings.SIGNUP_RATE_LIMIT

@@ -43,10 +43,13 @@ def signup(request: HttpRequest) -> HttpResponse:
     return render(request, "web/signup.html", {"form": form}, status=400 if form.errors else 200)
 
 
+# Once, at import (hub/urls.py imports this module): the admin's own login form is the limited one.
+admin.site.login_form = RateLimitedAdminLoginForm
+
+
 def admin_login(request: HttpRequest) -> HttpResponse:
     """The admin's login under the dashboard's limiter (one limiter for every login form),
     answering 429 like /login/ while a username is locked out."""
-    admin.site.login_form = RateLimitedAdminLoginForm
     response = admin.site.login(request)
     form = (getattr(response, "context_data", None) or {}).get("form")
     if form is not None and form.has_error("__all__", "rate_limited"):
