@@ -223,14 +223,19 @@ def _postgres_run_as() -> _RunAs | None:
 
 
 def _runs_as(argv: list[str], run_as: _RunAs) -> bool:
-    result = subprocess.run(
-        argv,
-        capture_output=True,
-        user=run_as.uid,
-        group=run_as.gid,
-        extra_groups=[],
-        check=False,
-    )
+    try:
+        result = subprocess.run(
+            argv,
+            capture_output=True,
+            user=run_as.uid,
+            group=run_as.gid,
+            extra_groups=[],
+            check=False,
+        )
+    except PermissionError:
+        # The program itself is out of the user's reach (a checkout under a 0700 folder such
+        # as /root): exec fails in the child and Popen raises, rather than returning a code.
+        return False
     return result.returncode == 0
 
 
