@@ -251,15 +251,24 @@ def _postgres_bin_dir(run_as: _RunAs | None) -> Path:
         text=True,
         check=True,
     ).stdout.split()[-1]
+    # The wheel's programs find their libraries by RPATH $ORIGIN/../../../<package>.libs: the
+    # copy keeps that layout (the package folder and its .libs side by side).
+    libs = pginstall.parent.parent / f"{pginstall.parent.name}.libs"
     shared = SHARED_PGINSTALL_DIR / f"pginstall-{version}"
-    if not (shared / "bin" / "postgres").exists():
+    bin_dir = shared / pginstall.parent.name / "pginstall" / "bin"
+    if not (bin_dir / "postgres").exists():
         SHARED_PGINSTALL_DIR.mkdir(parents=True, exist_ok=True)
         SHARED_PGINSTALL_DIR.chmod(0o755)
         staging = SHARED_PGINSTALL_DIR / f".pginstall-{version}-{os.getpid()}"
-        shutil.copytree(pginstall, staging, symlinks=True)
-        staging.chmod(0o755)
+        shutil.copytree(pginstall, staging / pginstall.parent.name / "pginstall", symlinks=True)
+        if libs.is_dir():
+            shutil.copytree(libs, staging / libs.name, symlinks=True)
+        for folder in (staging, staging / pginstall.parent.name):
+            folder.chmod(0o755)
+        if shared.exists():  # a copy of an earlier layout, without its libraries
+            shutil.rmtree(shared)
         staging.rename(shared)
-    return shared / "bin"
+    return bin_dir
 
 
 def _check_reachable(folder: Path, run_as: _RunAs) -> None:
