@@ -194,16 +194,24 @@ REST_FRAMEWORK = {
         "hub.api.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # HasScope: each view names the token scope each method needs; undeclared means refused.
+    "DEFAULT_PERMISSION_CLASSES": [
+        "rest_framework.permissions.IsAuthenticated",
+        "hub.api.permissions.HasScope",
+    ],
     "DEFAULT_PARSER_CLASSES": ["hub.api.parsers.BoundedJSONParser"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "hub.api.schema.ScopedAutoSchema",
     "EXCEPTION_HANDLER": "hub.api.exceptions.handle",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "CloudGPU API",
     "DESCRIPTION": (
         "Rent GPUs from a script. Authenticate with `Authorization: Bearer cgpr_...` (create a "
-        "token at `/api/v1/tokens/` while logged in). Money is integer micro-units "
+        "token on the dashboard's API tokens page, or at `/api/v1/tokens/`). A token has "
+        "scopes: `read` (every GET), `leases` (start and stop leases, their access tokens) and "
+        "`tokens` (list, create and revoke API tokens); new tokens get `read` and `leases`. "
+        "Each operation names the scope it needs in `x-required-scope`; a token without it "
+        "gets 403. A logged-in session has every scope. Money is integer micro-units "
         "(1 unit = 1,000,000 micros) next to a formatted string."
     ),
     "VERSION": "1.0.0",
@@ -218,6 +226,7 @@ SPECTACULAR_SETTINGS = {
         "EndReasonEnum": "hub.leases.models.Lease.EndReason",
         "TunnelStateEnum": "hub.tunnels.models.Tunnel.State",
         "LedgerKindEnum": "hub.billing.models.LedgerEntry.Kind",
+        "ApiScopeEnum": "hub.accounts.models.ApiScope",
     },
 }
 

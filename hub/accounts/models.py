@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
 
@@ -10,6 +11,27 @@ class User(AbstractUser):
 
     A project-owned user model from the first migration, because swapping it later is painful.
     """
+
+
+class ApiScope(models.TextChoices):
+    """What an API token may do (hub/api/permissions.py checks them).
+
+    ``tokens`` is its own scope, apart from ``read``: a token that can list, mint or revoke tokens
+    can outlive its own revocation by minting a successor, so it is granted only on purpose.
+    """
+
+    READ = "read", "read: see offers, templates, your leases and account"
+    LEASES = "leases", "leases: start and stop leases, get their access tokens"
+    TOKENS = "tokens", "tokens: list, create and revoke API tokens"
+
+
+# What a new token gets unless asked otherwise: enough to rent from a script, not enough to mint
+# a successor when it leaks.
+DEFAULT_API_SCOPES = (ApiScope.READ.value, ApiScope.LEASES.value)
+
+
+def default_api_scopes() -> list[str]:
+    return list(DEFAULT_API_SCOPES)
 
 
 class ApiToken(models.Model):
@@ -29,9 +51,20 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    scopes = ArrayField(
+        models.CharField(max_length=16, choices=ApiScope.choices), default=default_api_scopes
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        constraints = [
+            # The database refuses a scope the code does not know, so a typo written by any
+            # path (a shell, a future migration) cannot grant or hide a power.
+            models.CheckConstraint(
+                condition=models.Q(scopes__contained_by=ApiScope.values),
+                name="api_token_scopes_known",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.name or 'unnamed'})"
@@ -39,3 +72,6 @@ class ApiToken(models.Model):
     @property
     def active(self) -> bool:
         return self.revoked_at is None
+
+    def has_scope(self, scope: str) -> bool:
+        return scope in self.scopes

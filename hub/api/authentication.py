@@ -11,7 +11,7 @@ from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.request import Request
 
 from hub.accounts.api_tokens import PREFIX, authenticate_api_token
-from hub.accounts.models import ApiToken, User
+from hub.accounts.models import ApiScope, ApiToken, User
 
 
 class ApiTokenAuthentication(BaseAuthentication):
@@ -45,5 +45,11 @@ class ApiTokenScheme(OpenApiAuthenticationExtension):
             header_name="Authorization",
             token_prefix="Bearer",  # noqa: S106
         )
-        scheme["description"] = f"A renter's API token, `{PREFIX}` + 36 characters."
+        scopes = "; ".join(scope.label for scope in ApiScope)
+        scheme["description"] = (
+            f"A renter's API token, `{PREFIX}` + 36 characters. Its scopes limit what it may do"
+            f" ({scopes}); each operation's `x-required-scope` names the one it needs, and a"
+            " token without it gets 403. New tokens get `read` and `leases`; a token creates"
+            " only tokens with scopes it has itself."
+        )
         return scheme

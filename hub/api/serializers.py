@@ -9,6 +9,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from hub.accounts.models import ApiScope, default_api_scopes
 from hub.billing.models import LedgerEntry
 from hub.billing.money import format_micros
 from hub.catalog.offers import SORTS
@@ -53,10 +54,26 @@ class ApiTokenSerializer(serializers.Serializer):
     last_used_at = serializers.DateTimeField(read_only=True, allow_null=True)
     revoked_at = serializers.DateTimeField(read_only=True, allow_null=True)
     active = serializers.BooleanField(read_only=True)
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=ApiScope.choices),
+        read_only=True,
+        help_text="What the token may do: `read`, `leases`, `tokens`.",
+    )
 
 
 class ApiTokenCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=ApiScope.choices),
+        required=False,
+        allow_empty=False,
+        max_length=len(ApiScope.values),
+        default=default_api_scopes,
+        help_text=(
+            "`read`, `leases` and/or `tokens`; `read` and `leases` when left out. A token can"
+            " grant only scopes it has itself."
+        ),
+    )
 
 
 class ApiTokenCreatedSerializer(ApiTokenSerializer):

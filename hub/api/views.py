@@ -12,14 +12,14 @@ from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, status
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from hub.accounts import api_tokens
-from hub.accounts.models import ApiToken
+from hub.accounts.models import ApiScope, ApiToken
 from hub.api import serializers as s
 from hub.billing import services as billing
 from hub.billing.models import LedgerEntry
@@ -48,6 +48,9 @@ AUTH_ONLY = {401: ERRORS[401]}
 
 
 class ApiTokenList(APIView):
+    # Listing needs `tokens` too, not `read`: a read-only token must not even enumerate them.
+    required_scopes = {"GET": ApiScope.TOKENS, "POST": ApiScope.TOKENS}
+
     @extend_schema(
         summary="Your API tokens, newest first (revoked ones too)",
         responses={200: s.ApiTokenSerializer(many=True), **AUTH_ONLY},
@@ -59,16 +62,31 @@ class ApiTokenList(APIView):
     @extend_schema(
         summary="Create an API token (its plaintext is shown this once)",
         request=s.ApiTokenCreateSerializer,
-        responses={201: s.ApiTokenCreatedSerializer, **ERRORS},
+        responses={
+            201: s.ApiTokenCreatedSerializer,
+            **ERRORS,
+            403: OpenApiResponse(
+                s.ErrorSerializer,
+                description="The token lacks `tokens`, or asked for a scope it lacks itself.",
+            ),
+        },
     )
     def post(self, request: Request) -> Response:
         data = _valid(s.ApiTokenCreateSerializer, request.data)
-        token, plaintext = api_tokens.create_api_token(request.user, data["name"])
+        creator = request.auth if isinstance(request.auth, ApiToken) else None
+        try:
+            token, plaintext = api_tokens.create_api_token(
+                request.user, data["name"], data["scopes"], created_by=creator
+            )
+        except api_tokens.ScopeEscalation as refused:
+            raise PermissionDenied(str(refused)) from None
         token.token = plaintext  # type: ignore[attr-defined]
         return Response(s.ApiTokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
 
 
 class ApiTokenDetail(APIView):
+    required_scopes = {"DELETE": ApiScope.TOKENS}
+
     @extend_schema(
         summary="Revoke an API token (requests with it fail from now on)",
         responses={204: None, **AUTH_ONLY, **NOT_FOUND},
@@ -83,6 +101,8 @@ class ApiTokenDetail(APIView):
 
 
 class OfferList(APIView):
+    required_scopes = {"GET": ApiScope.READ}
+
     @extend_schema(
         summary="GPUs that can be rented right now",
         parameters=[s.OfferQuerySerializer],
@@ -101,6 +121,8 @@ class OfferList(APIView):
 
 
 class TemplateList(APIView):
+    required_scopes = {"GET": ApiScope.READ}
+
     @extend_schema(
         summary="Templates in the catalogue",
         responses={200: s.TemplateSerializer(many=True), **AUTH_ONLY},
@@ -111,6 +133,8 @@ class TemplateList(APIView):
 
 
 class TemplateDetail(APIView):
+    required_scopes = {"GET": ApiScope.READ}
+
     @extend_schema(
         summary="One template",
         responses={200: s.TemplateSerializer, **AUTH_ONLY, **NOT_FOUND},
@@ -147,6 +171,7 @@ class LeasePagination(LimitOffsetPagination):
 
 
 class LeaseList(generics.GenericAPIView):
+    required_scopes = {"GET": ApiScope.READ, "POST": ApiScope.LEASES}
     pagination_class = LeasePagination
     serializer_class = s.LeaseSerializer
 
@@ -214,6 +239,8 @@ def _chosen_gpus(data: dict[str, Any]) -> tuple[Host, list[int]]:
 
 
 class LeaseDetail(APIView):
+    required_scopes = {"GET": ApiScope.READ}
+
     @extend_schema(
         summary="One lease: state, URLs, cost so far",
         responses={200: s.LeaseSerializer, **AUTH_ONLY, **NOT_FOUND},
@@ -223,6 +250,8 @@ class LeaseDetail(APIView):
 
 
 class LeaseStop(APIView):
+    required_scopes = {"POST": ApiScope.LEASES}
+
     @extend_schema(
         summary="Stop a lease (the container is removed; billing stops when it has ended)",
         request=None,
@@ -235,6 +264,8 @@ class LeaseStop(APIView):
 
 
 class LeaseLogs(APIView):
+    required_scopes = {"GET": ApiScope.READ}
+
     @extend_schema(
         summary="What the hub has of a lease's logs",
         description=(
@@ -252,6 +283,8 @@ class LeaseLogs(APIView):
 
 
 class LeaseAccessToken(APIView):
+    required_scopes = {"POST": ApiScope.LEASES}
+
     @extend_schema(
         summary="An access token for a protected lease's URLs",
         request=None,
@@ -277,6 +310,8 @@ class LeaseAccessToken(APIView):
 
 
 class Account(APIView):
+    required_scopes = {"GET": ApiScope.READ}
+
     @extend_schema(
         summary="Your balance and recent ledger rows",
         responses={200: s.AccountSerializer, **AUTH_ONLY},

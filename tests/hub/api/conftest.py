@@ -1,12 +1,12 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import pytest
 from rest_framework.test import APIClient
 
 from hub.accounts.api_tokens import create_api_token
-from hub.accounts.models import User
+from hub.accounts.models import DEFAULT_API_SCOPES, User
 from hub.billing import services as billing
 from tests.hub import factories as f
 
@@ -22,9 +22,10 @@ def renter() -> User:
     return f.make_user("renter")
 
 
-def client_for(user: User) -> APIClient:
+def client_for(user: User, scopes: Iterable[str] = DEFAULT_API_SCOPES) -> APIClient:
+    """A client with a new token of ``user``'s: the default scopes unless told otherwise."""
     client = APIClient()
-    _, plaintext = create_api_token(user, "tests")
+    _, plaintext = create_api_token(user, "tests", scopes)
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
     return client
 

@@ -102,19 +102,21 @@ def test_the_session_works_too_with_csrf(renter: User) -> None:
     assert client.post("/api/v1/tokens/", {"name": "x"}, format="json").status_code == 403
 
 
-def test_a_renter_lists_creates_and_revokes_their_tokens(api: APIClient, renter: User) -> None:
+def test_a_renter_lists_creates_and_revokes_their_tokens(renter: User) -> None:
+    api = client_for(renter, ["read", "leases", "tokens"])
     created = api.post("/api/v1/tokens/", {"name": "ci"}, format="json")
     assert created.status_code == 201
     body = created.json()
     assert body["token"].startswith("cgpr_")
     assert body["name"] == "ci"
     assert body["active"]
+    assert body["scopes"] == ["read", "leases"]  # the default, not the creator's `tokens`
 
     listed = api.get("/api/v1/tokens/").json()
     assert [t["name"] for t in listed] == ["ci", "tests"]
     assert all("token" not in t and "digest" not in t for t in listed)
 
-    other = client_for(f.make_user())
+    other = client_for(f.make_user(), ["read", "leases", "tokens"])
     assert other.delete(f"/api/v1/tokens/{body['id']}/").status_code == 404
     assert api.delete(f"/api/v1/tokens/{body['id']}/").status_code == 204
     fresh = APIClient()
@@ -125,7 +127,8 @@ def test_a_renter_lists_creates_and_revokes_their_tokens(api: APIClient, renter:
     assert not revoked["active"]
 
 
-def test_a_token_name_that_is_too_long_is_400(api: APIClient) -> None:
+def test_a_token_name_that_is_too_long_is_400(renter: User) -> None:
+    api = client_for(renter, ["read", "leases", "tokens"])
     response = api.post("/api/v1/tokens/", {"name": "x" * 101}, format="json")
     assert response.status_code == 400
     assert response.json()["detail"].startswith("name:")
