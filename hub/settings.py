@@ -346,6 +346,14 @@ CELERY_BEAT_SCHEDULE["expire-due-leases"] = {
 LOGIN_URL = "web:login"
 LOGIN_REDIRECT_URL = "web:offers"
 LOGOUT_REDIRECT_URL = "home"
+# A release the host has failed to carry out for this long flags the host "release stuck": it
+# takes no new rentals until the release goes through (the renter stopped paying at Stop).
+RELEASE_STUCK_AFTER_S = env_int("RELEASE_STUCK_AFTER_S", 300)
+CELERY_BEAT_SCHEDULE["flag-stuck-releases"] = {
+    "task": "leases.flag_stuck_releases",
+    "schedule": float(SWEEP_INTERVAL_S),
+    "options": {"expires": float(SWEEP_INTERVAL_S)},
+}
 # The login rate limit's counters live here, so every web process sees the same ones.
 CACHES = {
     "default": {

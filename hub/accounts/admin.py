@@ -17,14 +17,26 @@ class HubUserAdmin(BalanceAdminMixin, UserAdmin):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ("prefix", "name", "user", "created_at", "last_used_at", "revoked_at")
+    list_display = (
+        "prefix",
+        "name",
+        "user",
+        "scope_list",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    )
     list_filter = (("revoked_at", admin.EmptyFieldListFilter), "created_at")
     list_select_related = ("user",)
     search_fields = ("prefix", "name", "user__username", "user__email")
     # The digest is never shown: it is not the secret, but nobody needs it on a screen.
-    fields = ("user", "name", "prefix", "created_at", "last_used_at", "revoked_at")
+    fields = ("user", "name", "prefix", "scope_list", "created_at", "last_used_at", "revoked_at")
     readonly_fields = fields
     actions = ("revoke",)
+
+    @admin.display(description="scopes")
+    def scope_list(self, token: ApiToken) -> str:
+        return ", ".join(token.scopes) or "none"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # the renter creates it, and sees its plaintext once

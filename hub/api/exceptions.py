@@ -12,7 +12,8 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
-from hub.leases.services import LeaseError
+from hub.billing.money import format_micros
+from hub.leases.services import LeaseError, PriceChanged
 
 
 def _flatten(errors: Any, path: str = "") -> list[str]:
@@ -35,6 +36,17 @@ def _join(path: str, key: str) -> str:
 
 
 def handle(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, PriceChanged):
+        # 409: the request was fine, the offer changed under it; the client shows the new
+        # price and rents again only if the renter accepts it.
+        return Response(
+            {
+                "detail": str(exc),
+                "price_per_hour": format_micros(exc.price_per_hour_micros, cents=True),
+                "price_per_hour_micros": exc.price_per_hour_micros,
+            },
+            status=status.HTTP_409_CONFLICT,
+        )
     if isinstance(exc, LeaseError):
         # The lease services' refusals are written for the renter already.
         return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)

@@ -170,6 +170,18 @@ class LeaseCreateSerializer(serializers.Serializer):
         default=False,
         help_text="URLs need the lease's access token (POST /leases/{id}/access-token/).",
     )
+    max_price_per_hour = serializers.DecimalField(
+        required=False,
+        max_digits=12,
+        decimal_places=6,
+        min_value=0,
+        help_text=(
+            "The most you agree to pay per hour for all the chosen GPUs together, in units"
+            " (e.g. 1.50): send the total of the offers' `price_per_hour` you saw. If the"
+            " supplier raised a price since, the rent is refused with 409 and the new"
+            " `price_per_hour`, and nothing is rented. Without it the current price applies."
+        ),
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         by_id = "gpu_ids" in attrs

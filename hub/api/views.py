@@ -192,7 +192,9 @@ class LeaseList(generics.GenericAPIView):
             "Choose GPUs by the offers' `gpu_ids`, or by `host_id` and `gpu_indices`; choose"
             " what runs by a `template` slug and/or a custom `image` (with `ports`, `env`,"
             " `command`). Refusals (GPU just taken, host offline, out of funds, bad image) are"
-            " 400 with a `detail` to show the renter."
+            " 400 with a `detail` to show the renter. With `max_price_per_hour`, a price"
+            " raised above it since is 409 with the new `price_per_hour` (and"
+            " `price_per_hour_micros`); nothing is rented."
         ),
         request=s.LeaseCreateSerializer,
         responses={201: s.LeaseSerializer, **ERRORS},
@@ -213,7 +215,14 @@ class LeaseList(generics.GenericAPIView):
             command=data.get("command"),
             access_protected=data["access_protected"],
         )
-        lease = leases.start_lease(request.user, host, gpu_indices, spec)
+        max_price = data.get("max_price_per_hour")
+        lease = leases.start_lease(
+            request.user,
+            host,
+            gpu_indices,
+            spec,
+            max_price_per_hour_micros=None if max_price is None else micros_from_units(max_price),
+        )
         return Response(
             s.LeaseSerializer(renters_leases(request).get(pk=lease.pk)).data,
             status=status.HTTP_201_CREATED,

@@ -17,13 +17,16 @@ BPS = 10_000
 
 
 def billing_end(lease: Lease, now: datetime) -> datetime:
-    """The instant a charge at ``now`` runs up to: the lease's end once it ended."""
-    return lease.ended_at or now
+    """The instant a charge at ``now`` runs up to: the stop request, else the lease's end,
+    else now. A release the host is slow to carry out is never the renter's cost."""
+    ends = [t for t in (lease.stop_requested_at, lease.ended_at) if t is not None]
+    return min([*ends, now])
 
 
 def billable_seconds(lease: Lease, now: datetime) -> int:
-    """Whole seconds from ``running_since`` to the end, less every time the host was away:
-    past outages (``offline_duration``) and the one still going on (``host_lost_since``)."""
+    """Whole seconds from ``running_since`` to the end, less every time the host was away
+    while the lease ran: past outages (``offline_duration``, which only ever holds their
+    running part, see ``running_overlap``) and the one still going on (``host_lost_since``)."""
     if lease.running_since is None:
         return 0
     end = billing_end(lease, now)
@@ -33,6 +36,17 @@ def billable_seconds(lease: Lease, now: datetime) -> int:
         if lost < end:
             span -= end - lost
     return max(0, span // SECOND)
+
+
+def running_overlap(lease: Lease, lost_since: datetime, back_at: datetime) -> timedelta:
+    """The part of an outage from ``lost_since`` to ``back_at`` that fell while the lease was
+    billable: after it began running and before its billing ended. An outage while the lease
+    was still starting is not running time, so it is not subtracted from running time either."""
+    if lease.running_since is None:
+        return timedelta(0)
+    start = max(lost_since, lease.running_since)
+    end = billing_end(lease, back_at)
+    return max(timedelta(0), end - start)
 
 
 def amount_due(price_per_hour_micros: int, seconds: int) -> int:

@@ -84,12 +84,23 @@ def with_balances(users: QuerySet[User]) -> QuerySet[User]:
 # --- price at start -----------------------------------------------------------------------------
 
 
-def _burn_per_hour(renter_id: int) -> int:
-    """What a renter's rentals cost per hour right now: running, priced, host not away."""
+# Leases that bill, or will once their container runs: a rent must be paid for on top of all
+# of them. Stopping ones are not: their bill ended at the stop request.
+COMMITTED_STATES = (
+    Lease.State.PENDING,
+    Lease.State.RESERVING,
+    Lease.State.STARTING,
+    Lease.State.RUNNING,
+)
+
+
+def committed_burn_per_hour(renter_id: int) -> int:
+    """What a renter's rentals cost per hour once all of them run: every active priced lease,
+    including those still starting and those on a host that is away (it may come back)."""
     return (
-        _billable_now()
-        .filter(renter_id=renter_id)
-        .aggregate(total=Sum("price_per_hour_micros"))["total"]
+        Lease.objects.filter(
+            renter_id=renter_id, state__in=COMMITTED_STATES, price_per_hour_micros__gt=0
+        ).aggregate(total=Sum("price_per_hour_micros"))["total"]
         or 0
     )
 
@@ -102,10 +113,11 @@ def _billable_now() -> QuerySet[Lease]:
 
 def require_funds_to_start(renter: User, price_per_hour_micros: int) -> None:
     """Refuse a priced rental the renter's balance cannot pay the first minute of (on top of
-    the minute of whatever else they are running). Free rentals are always allowed."""
+    a minute of every other rental they have going, started or not). Free rentals are always
+    allowed. The caller holds the renter's row lock, so rents of one renter queue here."""
     if price_per_hour_micros <= 0:
         return
-    needed = metering.per_minute(_burn_per_hour(renter.pk) + price_per_hour_micros)
+    needed = metering.per_minute(committed_burn_per_hour(renter.pk) + price_per_hour_micros)
     balance = balance_micros(renter)
     if balance < needed:
         raise OutOfFunds(
@@ -250,7 +262,7 @@ def review_funds(
             renter_id=renter_id, state=Lease.State.RUNNING, price_per_hour_micros__gt=0
         )
         if burn and balance < metering.per_minute(burn) and release:
-            released += _release_for_no_funds(running, renter_id, balance)
+            released += _release_for_no_funds(running, renter_id, balance, now)
         elif burn and balance < metering.for_minutes(burn, settings.BILLING_WARN_MINUTES):
             if running.filter(funds_warning_at__isnull=True).update(funds_warning_at=now):
                 warned += 1
@@ -266,13 +278,15 @@ def review_funds(
     return warned, released
 
 
-def _release_for_no_funds(running: QuerySet[Lease], renter_id: int, balance: int) -> int:
+def _release_for_no_funds(
+    running: QuerySet[Lease], renter_id: int, balance: int, now: datetime
+) -> int:
     # Imported here: hub/leases/services.py imports this module to price and settle leases.
     from hub.leases.services import release_lease
 
     released = 0
     for lease_id in running.order_by("pk").values_list("pk", flat=True):
-        lease = release_lease(lease_id, Lease.EndReason.NO_FUNDS)
+        lease = release_lease(lease_id, Lease.EndReason.NO_FUNDS, now)
         if lease.end_reason == Lease.EndReason.NO_FUNDS:
             released += 1
             log.info(

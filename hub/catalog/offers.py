@@ -45,9 +45,11 @@ def available_gpus(
         Gpu.objects.select_related("host")
         .filter(
             listed=True,
+            priced=True,
             present=True,
             host__status=Host.Status.ONLINE,
             host__maintenance=False,
+            host__release_stuck_since__isnull=True,
         )
         .exclude(Exists(leased))
     )

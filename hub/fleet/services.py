@@ -21,6 +21,7 @@ class Fleet:
     hosts_online: int
     hosts_offline: int
     hosts_in_maintenance: int
+    hosts_release_stuck: int
     gpus_total: int  # present GPUs
     gpus_leased: int
     gpus_free: int  # rentable now: listed, present, host online and not drained, not leased
@@ -29,6 +30,7 @@ class Fleet:
     commands_failed_recently: int
     commands_overdue: int
     offline_hosts: list[Host]
+    release_stuck_hosts: list[Host]
     failed_commands: list[Command]
     overdue_commands: list[Command]
     now: datetime
@@ -41,6 +43,7 @@ def fleet_summary(now: datetime | None = None) -> Fleet:
         online=Count("pk", filter=Q(status=Host.Status.ONLINE)),
         offline=Count("pk", filter=Q(status=Host.Status.OFFLINE)),
         maintenance=Count("pk", filter=Q(maintenance=True)),
+        release_stuck=Count("pk", filter=Q(release_stuck_since__isnull=False)),
     )
     is_leased = Exists(LeaseGpu.objects.filter(gpu=OuterRef("pk"), active=True))
     gpus = Gpu.objects.filter(present=True).aggregate(
@@ -51,8 +54,10 @@ def fleet_summary(now: datetime | None = None) -> Fleet:
             filter=Q(
                 ~is_leased,
                 listed=True,
+                priced=True,
                 host__status=Host.Status.ONLINE,
                 host__maintenance=False,
+                host__release_stuck_since__isnull=True,
             ),
         ),
     )
@@ -74,6 +79,7 @@ def fleet_summary(now: datetime | None = None) -> Fleet:
         hosts_online=hosts["online"],
         hosts_offline=hosts["offline"],
         hosts_in_maintenance=hosts["maintenance"],
+        hosts_release_stuck=hosts["release_stuck"],
         gpus_total=gpus["total"],
         gpus_leased=gpus["leased"],
         gpus_free=gpus["free"],
@@ -85,6 +91,11 @@ def fleet_summary(now: datetime | None = None) -> Fleet:
             Host.objects.filter(status=Host.Status.OFFLINE)
             .select_related("owner")
             .order_by("-last_seen_at", "pk")[:TABLE_ROWS]
+        ),
+        release_stuck_hosts=list(
+            Host.objects.filter(release_stuck_since__isnull=False)
+            .select_related("owner")
+            .order_by("release_stuck_since", "pk")[:TABLE_ROWS]
         ),
         failed_commands=list(failed.select_related("host").order_by("-created_at")[:TABLE_ROWS]),
         overdue_commands=list(overdue.select_related("host").order_by("deadline")[:TABLE_ROWS]),

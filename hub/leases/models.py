@@ -88,6 +88,9 @@ class Lease(models.Model):
     billing_settled_at = models.DateTimeField(null=True, blank=True)
     # Set while the renter's balance covers less than BILLING_WARN_MINUTES of their burn.
     funds_warning_at = models.DateTimeField(null=True, blank=True)
+    # When the renter (or an admin, the keep-alive limit or the funds sweep) asked it to stop:
+    # billing ends here, whatever the host does with the release afterwards.
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
     # The renter's keep-alive limit: a beat sweep releases the lease (expired) at this time.
     stop_at = models.DateTimeField(null=True, blank=True)
 

@@ -14,11 +14,13 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Q, Value
+from django.db.models import F, Q
 from django.utils import timezone
 
 from hub.accounts.models import User
+from hub.billing import metering
 from hub.billing import services as billing
+from hub.billing.money import format_micros
 from hub.leases import cache_volumes
 from hub.leases.models import Command, Lease, LeaseGpu
 from hub.suppliers.models import Gpu, Host
@@ -32,6 +34,20 @@ State = Lease.State
 
 class LeaseError(Exception):
     """A lease cannot be started or changed; the message is fit to show the renter."""
+
+
+class PriceChanged(LeaseError):
+    """The GPUs cost more now than the most the renter agreed to pay (what they saw)."""
+
+    def __init__(self, price_per_hour_micros: int, max_price_per_hour_micros: int) -> None:
+        self.price_per_hour_micros = price_per_hour_micros
+        self.max_price_per_hour_micros = max_price_per_hour_micros
+        super().__init__(
+            "the price changed: these GPUs now cost "
+            f"{format_micros(price_per_hour_micros, cents=True)} an hour, more than the "
+            f"{format_micros(max_price_per_hour_micros, cents=True)} you agreed to; "
+            "rent again to accept the new price"
+        )
 
 
 @dataclass(frozen=True)
@@ -106,18 +122,37 @@ def _next_epoch() -> int:
         return int(cursor.fetchone()[0])
 
 
-def start_lease(renter: User, host: Host, gpu_indices: list[int], spec: LeaseSpec) -> Lease:
+def start_lease(
+    renter: User,
+    host: Host,
+    gpu_indices: list[int],
+    spec: LeaseSpec,
+    *,
+    max_price_per_hour_micros: int | None = None,
+) -> Lease:
     """Grant GPUs of one host to a renter and queue the reserve. Exactly one of two racing
-    renters gets a GPU: the rows are locked in pk order and a partial unique index backs it."""
+    renters gets a GPU: the rows are locked in pk order and a partial unique index backs it.
+
+    ``max_price_per_hour_micros`` is the price the renter saw: a GPU repriced above it since
+    is refused with ``PriceChanged``, never rented at the new price behind their back."""
     if not gpu_indices or len(gpu_indices) > 64 or len(set(gpu_indices)) != len(gpu_indices):
         raise LeaseError("choose between 1 and 64 distinct GPUs")
     try:
         with transaction.atomic():
+            # One rent at a time per renter (lock order: renter, host, GPUs, lease): two
+            # simultaneous rents each counting the other's burn cannot both pass the funds
+            # check on money only enough for one.
+            User.objects.select_for_update(no_key=True).only("pk").get(pk=renter.pk)
             host = Host.objects.select_for_update(no_key=True).get(pk=host.pk)
             if host.status != Host.Status.ONLINE:
                 raise LeaseError("this host is offline")
             if host.maintenance:
                 raise LeaseError("this host is in maintenance and takes no new rentals")
+            if host.release_stuck_since is not None:
+                raise LeaseError(
+                    "this host takes no new rentals: it has not been able to release an "
+                    "earlier rental"
+                )
             gpus = list(
                 Gpu.objects.select_for_update(no_key=True)
                 .filter(host=host, index__in=gpu_indices)
@@ -126,12 +161,17 @@ def start_lease(renter: User, host: Host, gpu_indices: list[int], spec: LeaseSpe
             if len(gpus) != len(gpu_indices):
                 raise LeaseError("this host does not have all of those GPUs")
             for gpu in gpus:
-                if not (gpu.listed and gpu.present):
+                if not (gpu.listed and gpu.priced and gpu.present):
                     raise LeaseError(f"GPU {gpu.index} is not for rent")
             if LeaseGpu.objects.filter(gpu__in=gpus, active=True).exists():
                 raise LeaseError("that GPU was just rented by someone else")
             # The price is fixed now: a supplier's later price change never reaches this lease.
             price_per_hour_micros = sum(gpu.price_per_hour_micros for gpu in gpus)
+            if (
+                max_price_per_hour_micros is not None
+                and price_per_hour_micros > max_price_per_hour_micros
+            ):
+                raise PriceChanged(price_per_hour_micros, max_price_per_hour_micros)
             billing.require_funds_to_start(renter, price_per_hour_micros)
             lease = Lease.objects.create(
                 renter=renter,
@@ -166,14 +206,21 @@ def start_lease(renter: User, host: Host, gpu_indices: list[int], spec: LeaseSpe
 # --- release ------------------------------------------------------------------------------------
 
 
-def release_lease(lease_id: Any, reason: str = Lease.EndReason.RENTER_STOP) -> Lease:
+def release_lease(
+    lease_id: Any, reason: str = Lease.EndReason.RENTER_STOP, now: datetime | None = None
+) -> Lease:
     """Stop a lease (renter, admin, expiry, no funds). Idempotent."""
     with transaction.atomic():
         lease = Lease.objects.select_for_update(no_key=True).get(pk=lease_id)
         if lease.state in (State.PENDING, State.RESERVING, State.STARTING, State.RUNNING):
+            now = now or timezone.now()
             lease.state = State.STOPPING
             lease.end_reason = reason
-            lease.save(update_fields=["state", "end_reason"])
+            lease.stop_requested_at = now
+            lease.save(update_fields=["state", "end_reason", "stop_requested_at"])
+            # The bill is final at the stop request: however long the host takes to carry
+            # out the release (or however often it fails), the renter pays nothing more.
+            billing.settle_lease(lease, now)
             _withdraw_pending(lease, "superseded by release")
             _queue_command(lease, Command.Kind.RELEASE, reason=reason)
     return lease
@@ -250,9 +297,9 @@ def renter_reason(error: str | None) -> str:
     return text
 
 
-def record_ack(host_id: int, ack: Ack) -> bool:
+def record_ack(host_id: int, ack: Ack, now: datetime | None = None) -> bool:
     """Apply an agent's answer once; a repeated ack changes nothing. Returns True if applied."""
-    now = timezone.now()
+    now = now or timezone.now()
     lease_id = (
         Command.objects.filter(pk=ack.command_id, host_id=host_id)
         .values_list("lease_id", flat=True)
@@ -395,10 +442,17 @@ def note_host_back(host_id: int, now: datetime | None = None) -> None:
     """The host returned within the grace: its leases go on, and the time it was away is
     recorded so that metering never charges for it."""
     now = now or timezone.now()
-    Lease.objects.filter(host_id=host_id, host_lost_since__isnull=False).update(
-        offline_duration=F("offline_duration") + (Value(now) - F("host_lost_since")),
-        host_lost_since=None,
+    away = Lease.objects.filter(host_id=host_id, host_lost_since__isnull=False).only(
+        "pk", "host_lost_since", "running_since", "stop_requested_at", "ended_at"
     )
+    for lease in away:
+        # Compare-and-set on host_lost_since: a racing call (register and a heartbeat flush)
+        # adds the outage once. Only its running part is ever subtracted from running time.
+        Lease.objects.filter(pk=lease.pk, host_lost_since=lease.host_lost_since).update(
+            offline_duration=F("offline_duration")
+            + metering.running_overlap(lease, lease.host_lost_since, now),
+            host_lost_since=None,
+        )
 
 
 _LOSABLE = (State.RESERVING, State.STARTING, State.RUNNING, State.STOPPING)

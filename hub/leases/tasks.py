@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from hub.leases import services
+from hub.leases import services, stuck_releases
 from hub.leases.models import Command
 from hub.lib import channel_send
 
@@ -85,3 +85,8 @@ def end_leases_of_lost_hosts() -> int:
 @shared_task(name="leases.expire_due_leases")
 def expire_due_leases() -> int:
     return len(services.expire_due_leases())
+
+
+@shared_task(name="leases.flag_stuck_releases")
+def flag_stuck_releases() -> int:
+    return len(stuck_releases.flag_stuck_releases())

@@ -23,6 +23,9 @@ class AgentToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # What GPUs of hosts joining with this token are listed at when first seen (unless their
+    # host has a default of its own); None: unlisted until priced.
+    default_price_per_hour_micros = models.BigIntegerField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.name or 'unnamed'})"
@@ -64,6 +67,13 @@ class Host(models.Model):
     last_seen_at = models.DateTimeField(null=True, blank=True)
     # The Channels channel of the connection that holds this host's agent, if any.
     channel_name = models.CharField(max_length=200, blank=True)
+    # Set while a release on this host has failed for longer than RELEASE_STUCK_AFTER_S: the host
+    # takes no new rentals until the stuck lease lets go; the reason is the agent's last error.
+    release_stuck_since = models.DateTimeField(null=True, blank=True)
+    release_stuck_reason = models.TextField(blank=True)
+    # The price a GPU this host reports for the first time gets, and is listed at; without one a
+    # new GPU stays unlisted until its owner prices it.
+    default_price_per_hour_micros = models.BigIntegerField(null=True, blank=True)
     # Which machine speaks for this agent id (a hash of its /etc/machine-id; empty: unknown).
     machine_id = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -88,6 +98,9 @@ class Gpu(models.Model):
     processes = models.JSONField(default=list, blank=True)
     listed = models.BooleanField(default=True)
     price_per_hour_micros = models.BigIntegerField(default=0)
+    # False until its owner set a price (or the host's default applied): an unpriced GPU can
+    # be neither listed nor rented, so a new GPU is never for rent at $0 by accident.
+    priced = models.BooleanField(default=True)
     # Set when a heartbeat shows compute processes on this GPU that are not its lease's.
     foreign_process_seen_at = models.DateTimeField(null=True, blank=True)
     present = models.BooleanField(default=True)

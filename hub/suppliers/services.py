@@ -29,14 +29,19 @@ log = logging.getLogger(__name__)
 # --- tokens -------------------------------------------------------------------------------------
 
 
-def create_agent_token(owner: User, name: str = "") -> tuple[AgentToken, str]:
-    """Create a token; the plaintext is returned this once and never stored."""
+def create_agent_token(
+    owner: User, name: str = "", *, default_price_per_hour_micros: int | None = None
+) -> tuple[AgentToken, str]:
+    """Create a token; the plaintext is returned this once and never stored. With a default
+    price, GPUs of hosts joining with it are listed at that price when first seen."""
+    _check_price(default_price_per_hour_micros)
     plaintext = tokens.generate_token()
     token = AgentToken.objects.create(
         owner=owner,
         name=name[:100],
         prefix=tokens.visible_prefix(plaintext),
         digest=tokens.digest(plaintext),
+        default_price_per_hour_micros=default_price_per_hour_micros,
     )
     return token, plaintext
 
@@ -228,7 +233,7 @@ def _upsert_gpus(host: Host, gpus: tuple[GpuState, ...], now: datetime) -> None:
         gpu.index: gpu for gpu in Gpu.objects.select_for_update(no_key=True).filter(host=host)
     }
     for state in gpus:
-        gpu = existing.pop(state.index, None) or Gpu(host=host, index=state.index)
+        gpu = existing.pop(state.index, None) or _new_gpu(host, state.index)
         gpu.uuid = state.uuid
         gpu.name = state.name
         gpu.present = True
@@ -236,6 +241,21 @@ def _upsert_gpus(host: Host, gpus: tuple[GpuState, ...], now: datetime) -> None:
         gpu.save()
     # GPUs the host no longer reports stay for history but cannot be rented.
     Gpu.objects.filter(pk__in=[gpu.pk for gpu in existing.values()]).update(present=False)
+
+
+def _new_gpu(host: Host, index: int) -> Gpu:
+    """A GPU seen for the first time: listed at the host's default price if its owner set
+    one, otherwise unlisted and unpriced until they do (never for rent at $0 by accident)."""
+    default = host.default_price_per_hour_micros
+    if default is None and host.token_id is not None:
+        default = (
+            AgentToken.objects.filter(pk=host.token_id)
+            .values_list("default_price_per_hour_micros", flat=True)
+            .first()
+        )
+    if default is None:
+        return Gpu(host=host, index=index, listed=False, priced=False)
+    return Gpu(host=host, index=index, listed=True, priced=True, price_per_hour_micros=default)
 
 
 def _apply_telemetry(gpu: Gpu, state: GpuState, now: datetime) -> None:
@@ -380,27 +400,42 @@ class SupplierError(Exception):
 MAX_PRICE_PER_HOUR_MICROS = 1_000 * 1_000_000
 
 
+def _check_price(price_per_hour_micros: int | None) -> None:
+    if price_per_hour_micros is not None and not (
+        0 <= price_per_hour_micros <= MAX_PRICE_PER_HOUR_MICROS
+    ):
+        raise SupplierError("the price must be between $0 and $1,000 per hour")
+
+
 def set_gpu_terms(
     gpu_id: int, *, price_per_hour_micros: int | None = None, listed: bool | None = None
 ) -> Gpu:
     """A GPU's hourly price and whether it is for rent. Running leases keep the price they
     started with (hub/billing); only new rentals see the change."""
-    if price_per_hour_micros is not None and not (
-        0 <= price_per_hour_micros <= MAX_PRICE_PER_HOUR_MICROS
-    ):
-        raise SupplierError("the price must be between $0 and $1,000 per hour")
+    _check_price(price_per_hour_micros)
     with transaction.atomic():
         gpu = Gpu.objects.select_for_update(no_key=True).get(pk=gpu_id)
         fields = []
         if price_per_hour_micros is not None:
             gpu.price_per_hour_micros = price_per_hour_micros
-            fields.append("price_per_hour_micros")
+            gpu.priced = True
+            fields += ["price_per_hour_micros", "priced"]
         if listed is not None:
+            if listed and not gpu.priced:
+                raise SupplierError("set a price for this GPU before putting it up for rent")
             gpu.listed = listed
             fields.append("listed")
         if fields:
             gpu.save(update_fields=fields)
     return gpu
+
+
+def set_host_default_price(host_id: int, price_per_hour_micros: int | None) -> Host:
+    """The price (or None: unlisted until priced) GPUs this host reports for the first time
+    get. GPUs already known keep their own terms."""
+    _check_price(price_per_hour_micros)
+    Host.objects.filter(pk=host_id).update(default_price_per_hour_micros=price_per_hour_micros)
+    return Host.objects.get(pk=host_id)
 
 
 def set_host_maintenance(host_id: int, maintenance: bool) -> Host:

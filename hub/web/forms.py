@@ -13,6 +13,7 @@ from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import get_user_model
 from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
 
+from hub.accounts.models import DEFAULT_API_SCOPES, ApiScope
 from hub.billing.money import micros_from_units
 from hub.catalog.models import Template
 from hub.catalog.services import lease_spec
@@ -136,6 +137,10 @@ class RentForm(forms.Form):
         label="Protect the URLs with an access token",
         help_text="The token is shown once, on the rental's page.",
     )
+    # The price the renter saw (a hidden field of the rent page): the most they agreed to pay.
+    seen_price_micros = forms.IntegerField(
+        min_value=0, widget=forms.HiddenInput, error_messages={"required": "Reload the page."}
+    )
 
     def clean_ports(self) -> list[Any] | None:
         text = self.cleaned_data["ports"].strip()
@@ -224,10 +229,39 @@ class GpuTermsForm(forms.Form):
 
     @property
     def price_micros(self) -> int:
+        # int() of Decimal("-0") is 0: "-0" is stored and shown as $0.00, never "$-0.00".
         return micros_from_units(self.cleaned_data["price"])
+
+
+class HostDefaultPriceForm(forms.Form):
+    default_price = forms.DecimalField(
+        required=False,
+        min_value=Decimal(0),
+        max_value=Decimal(1000),
+        decimal_places=6,
+        label="Price for new GPUs ($/h)",
+    )
+
+    @property
+    def price_micros(self) -> int | None:
+        price = self.cleaned_data["default_price"]
+        return None if price is None else micros_from_units(price)
 
 
 class TokenForm(forms.Form):
     name = forms.CharField(
         required=False, max_length=100, help_text="To tell your tokens apart, e.g. rig-3"
+    )
+
+
+class ApiTokenForm(TokenForm):
+    # Pre-checked: read and leases, what a script needs to rent. `tokens` is opt-in, because a
+    # leaked token with it can mint a successor before it is revoked.
+    scopes = forms.MultipleChoiceField(
+        choices=ApiScope.choices,
+        initial=list(DEFAULT_API_SCOPES),
+        widget=forms.CheckboxSelectMultiple,
+        error_messages={
+            "required": "Choose at least one scope: a token without any can do nothing."
+        },
     )

@@ -37,6 +37,11 @@ urlpatterns = [
         supplier.host_maintenance,
         name="host-maintenance",
     ),
+    path(
+        "supplier/hosts/<int:host_id>/default-price/",
+        supplier.host_default_price,
+        name="host-default-price",
+    ),
     path("supplier/gpus/<int:gpu_id>/", supplier.gpu_terms, name="gpu-terms"),
     path("supplier/tokens/", supplier.tokens, name="tokens"),
     path("supplier/tokens/<int:token_id>/revoke/", supplier.token_revoke, name="token-revoke"),

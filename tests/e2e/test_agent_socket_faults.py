@@ -26,7 +26,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_an_agent_that_vanishes_mid_burst_is_detached_and_nothing_reaches_daphne(
     tmp_path: Path,
 ) -> None:
-    _, token = services.create_agent_token(make_user("supplier"), "test")
+    _, token = services.create_agent_token(
+        make_user("supplier"), "test", default_price_per_hour_micros=0
+    )
     log = tmp_path / "web.log"
     with hub_stack.web_only(log) as port:
         agent_id = str(uuid.uuid4())

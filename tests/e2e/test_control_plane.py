@@ -35,7 +35,9 @@ def people() -> tuple[User, User]:
 
 
 def _token(stack: HubStack, supplier: User) -> str:
-    return stack.manage("hub", "token", "create", "--owner", supplier.username)
+    return stack.manage(
+        "hub", "token", "create", "--owner", supplier.username, "--default-price", "0"
+    )
 
 
 def _online_host(supplier: User) -> Host | None:

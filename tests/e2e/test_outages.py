@@ -43,7 +43,9 @@ def _heartbeat_frame(utilization: int) -> str:
 
 
 def test_agent_sockets_survive_a_redis_outage_and_hear_the_hub_after_it(tmp_path: Path) -> None:
-    _, token = services.create_agent_token(make_user("supplier"), "test")
+    _, token = services.create_agent_token(
+        make_user("supplier"), "test", default_price_per_hour_micros=0
+    )
     redis_port, web_port = free_port(), free_port()
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     env = hub_env(
@@ -195,7 +197,9 @@ def test_a_redis_restart_from_an_old_snapshot_marks_no_host_offline_early(tmp_pa
                 tmp_path, redis_url=redis_url, HOST_OFFLINE_AFTER_S=str(offline_after_s)
             )
         )
-        token = hub.manage("hub", "token", "create", "--owner", supplier.username)
+        token = hub.manage(
+            "hub", "token", "create", "--owner", supplier.username, "--default-price", "0"
+        )
         ws = stack.enter_context(
             ws_connect(
                 f"ws://127.0.0.1:{hub.web_ports[0]}/api/p2p/ws/",

@@ -77,7 +77,9 @@ def test_two_renters_of_one_template_never_share_a_cache(
     locks.mkdir()
     volumes_before = {v.name for v in docker_client.volumes.list()}
     with hub_stack(tmp_path) as stack:
-        token = stack.manage("hub", "token", "create", "--owner", supplier.username)
+        token = stack.manage(
+            "hub", "token", "create", "--owner", supplier.username, "--default-price", "0"
+        )
         state = tmp_path / "agent"
         configured = configure(
             state, stack.url(), token, "--gpu-devices", "none", "--lock-dir", str(locks), env=env

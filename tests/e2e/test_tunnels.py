@@ -118,7 +118,9 @@ def tunnel_world(
         hub_stack(tmp_path, **gateway.hub_settings()) as stack,
         running_gateway(gateway, stack.url(), timeout_s=EDGE_TIMEOUT_S),
     ):
-        token = stack.manage("hub", "token", "create", "--owner", supplier.username)
+        token = stack.manage(
+            "hub", "token", "create", "--owner", supplier.username, "--default-price", "0"
+        )
         state = tmp_path / "agent"
         locks = tmp_path / "locks"
         locks.mkdir()

@@ -37,8 +37,16 @@ def make_user(prefix: str = "user", **fields: Any) -> User:
     )
 
 
-def make_token(owner: User | None = None, name: str = "test") -> tuple[AgentToken, str]:
-    return supplier_services.create_agent_token(owner or make_user("supplier"), name)
+def make_token(
+    owner: User | None = None, name: str = "test", default_price_per_hour_micros: int | None = 0
+) -> tuple[AgentToken, str]:
+    """An agent token; by default its hosts' new GPUs are for rent at $0 (pass None for the
+    real default: unlisted until priced)."""
+    return supplier_services.create_agent_token(
+        owner or make_user("supplier"),
+        name,
+        default_price_per_hour_micros=default_price_per_hour_micros,
+    )
 
 
 def gpu_state(
@@ -196,10 +204,12 @@ def ack(
     ok: bool = True,
     result: dict[str, Any] | None = None,
     error: str | None = None,
+    now: datetime | None = None,
 ) -> bool:
     return lease_services.record_ack(
         command.host_id,
         Ack(command_id=str(command.id), ok=ok, result=result or {}, error=error),
+        now,
     )
 
 

@@ -11,24 +11,27 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from hub.accounts.api_tokens import create_api_token, revoke_api_token
 from hub.accounts.models import ApiToken
-from hub.web.forms import TokenForm
+from hub.web.forms import ApiTokenForm
 
 
 @login_required
 @never_cache
 @require_http_methods(["GET", "POST"])
 def api_tokens(request: HttpRequest) -> HttpResponse:
-    form = TokenForm(request.POST or None)
-    new_token = None
+    form = ApiTokenForm(request.POST or None)
+    new_token, created = None, None
     if request.method == "POST" and form.is_valid():
         # Shown in this response only: a plaintext token is never kept anywhere, not even in
         # the session store until the next page view (issue 14). never_cache: not in caches.
-        _, new_token = create_api_token(request.user, form.cleaned_data["name"])
-        form = TokenForm()
+        created, new_token = create_api_token(
+            request.user, form.cleaned_data["name"], form.cleaned_data["scopes"]
+        )
+        form = ApiTokenForm()
     context = {
         "form": form,
         "tokens": ApiToken.objects.filter(user=request.user).order_by("-created_at"),
         "new_token": new_token,
+        "new_token_scopes": created.scopes if created else [],
         "api_base": request.build_absolute_uri("/api/v1/"),
     }
     return render(request, "web/api_tokens.html", context, status=201 if new_token else 200)

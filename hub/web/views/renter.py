@@ -39,7 +39,7 @@ def offers(request: HttpRequest) -> HttpResponse:
 
 def _rentable(gpu_id: int) -> Gpu:
     return get_object_or_404(
-        Gpu.objects.select_related("host"), pk=gpu_id, listed=True, present=True
+        Gpu.objects.select_related("host"), pk=gpu_id, listed=True, priced=True, present=True
     )
 
 
@@ -52,7 +52,16 @@ def rent(request: HttpRequest, gpu_id: int) -> HttpResponse:
     if request.method == "POST":
         if form.is_valid():
             try:
-                lease = leases.start_lease(request.user, gpu.host, [gpu.index], form.spec)
+                lease = leases.start_lease(
+                    request.user,
+                    gpu.host,
+                    [gpu.index],
+                    form.spec,
+                    max_price_per_hour_micros=form.cleaned_data["seen_price_micros"],
+                )
+            except leases.PriceChanged as exc:
+                form.add_error(None, _sentence(str(exc)))
+                gpu.price_per_hour_micros = exc.price_per_hour_micros
             except leases.LeaseError as exc:
                 form.add_error(None, _sentence(str(exc)))
             else:

@@ -88,7 +88,7 @@ def _heartbeat(utilization: int = 0) -> str:
 @database_sync_to_async
 def _supplier_token(username: str = "supplier") -> tuple[int, str]:
     owner = User.objects.create_user(username=f"{username}-{uuid.uuid4().hex[:6]}")
-    token, plaintext = services.create_agent_token(owner, "test")
+    token, plaintext = services.create_agent_token(owner, "test", default_price_per_hour_micros=0)
     return token.pk, plaintext
 
 
@@ -481,7 +481,11 @@ async def test_another_token_cannot_take_over_a_live_agent_id() -> None:
     owner = await database_sync_to_async(
         lambda: services.AgentToken.objects.get(pk=owner_token_id).owner
     )()
-    second = (await database_sync_to_async(services.create_agent_token)(owner, "second"))[1]
+    second = (
+        await database_sync_to_async(services.create_agent_token)(
+            owner, "second", default_price_per_hour_micros=0
+        )
+    )[1]
     agent_id = str(uuid.uuid4())
     holder, welcome = await _register_on(first, agent_id, MACHINE_A)
     assert welcome["type"] == "welcome"

@@ -450,8 +450,9 @@ def test_a_lease_whose_host_came_back_is_not_ended_after_the_grace() -> None:
     lease.refresh_from_db()
     assert lease.state == Lease.State.RUNNING
     assert lease.host_lost_since is None
-    # The time away is kept, for metering not to charge it.
-    assert lease.offline_duration > timedelta(0)
+    # It was away before the lease ran: that is not running time, so none of it is taken
+    # off the running time that began later (issue 14 item 2).
+    assert lease.offline_duration == timedelta(0)
 
 
 def test_a_lease_whose_host_resumed_heartbeats_is_not_ended_after_the_grace() -> None:

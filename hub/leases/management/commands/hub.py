@@ -1,6 +1,8 @@
 """`manage.py hub ...`: the control plane from the shell, before (and beside) the dashboard.
 
-hub token create --owner USER [--name NAME]     print a new agent token (shown once)
+hub token create --owner USER [--name NAME] [--default-price DOLLARS]
+                                                print a new agent token (shown once); its
+                                                hosts' new GPUs are listed at the price
 hub token revoke PREFIX_OR_ID
 hub hosts                                       hosts, status and GPUs
 hub lease start --renter USER --host HOST --gpus 0[,1] --image IMAGE [--port N ...]
@@ -20,10 +22,11 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Q
 
 from hub.accounts.models import User
+from hub.billing.money import micros_from_units
 from hub.leases.models import Lease
 from hub.leases.services import LeaseError, LeaseSpec, release_lease, start_lease
 from hub.suppliers.models import AgentToken, Host
-from hub.suppliers.services import create_agent_token, revoke_agent_token
+from hub.suppliers.services import SupplierError, create_agent_token, revoke_agent_token
 from hub.tunnels import access as tunnel_access
 from hub.tunnels import services as tunnel_services
 
@@ -66,6 +69,11 @@ class Command(BaseCommand):
         create = token.add_parser("create")
         create.add_argument("--owner", required=True)
         create.add_argument("--name", default="")
+        create.add_argument(
+            "--default-price",
+            default=None,
+            help="dollars per GPU-hour its hosts' new GPUs are listed at (default: unlisted)",
+        )
         revoke = token.add_parser("revoke")
         revoke.add_argument("token")
         nouns.add_parser("hosts")
@@ -93,7 +101,17 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         noun, verb = options["noun"], options.get("verb")
         if noun == "token" and verb == "create":
-            token, plaintext = create_agent_token(_user(options["owner"]), options["name"])
+            price = options["default_price"]
+            try:
+                token, plaintext = create_agent_token(
+                    _user(options["owner"]),
+                    options["name"],
+                    default_price_per_hour_micros=None
+                    if price is None
+                    else micros_from_units(price),
+                )
+            except (ValueError, SupplierError) as exc:
+                raise CommandError(str(exc)) from None
             self.stdout.write(plaintext)
             self.stderr.write(f"token {token.pk} ({token.prefix}…) created; it is shown only once")
         elif noun == "token":
