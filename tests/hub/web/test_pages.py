@@ -139,7 +139,9 @@ def test_no_plaintext_token_ever_reaches_the_session_store() -> None:
     supplier_client, renter_client = _client(supplier), _client(renter)
 
     agent = supplier_client.post(reverse("web:tokens"), {"name": "rig"}).content.decode()
-    api = renter_client.post(reverse("web:api-tokens"), {"name": "ci"}).content.decode()
+    api = renter_client.post(
+        reverse("web:api-tokens"), {"name": "ci", "scopes": ["read", "leases"]}
+    ).content.decode()
     renter_client.post(
         reverse("web:rent", args=[host.gpus.get().pk]),
         {"template": template.pk, "access_protected": "on"},
