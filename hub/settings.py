@@ -289,6 +289,16 @@ AGENT_HEARTBEAT_INTERVAL_S = env_int("AGENT_HEARTBEAT_INTERVAL_S", 15)
 AGENT_REGISTER_TIMEOUT_S = env_int("AGENT_REGISTER_TIMEOUT_S", 30)
 # Hosts one agent token may hold: a leaked token cannot fill the fleet with made-up hosts.
 MAX_HOSTS_PER_TOKEN = env_int("MAX_HOSTS_PER_TOKEN", 256)
+# An install one-liner's enrollment code is exchangeable (once) for this long after it is made.
+ENROLLMENT_CODE_TTL_S = env_int("ENROLLMENT_CODE_TTL_S", 3600)
+# Failed code exchanges allowed per client address in ENROLLMENT_RATE_WINDOW_S (then 429).
+ENROLLMENT_RATE_LIMIT = env_int("ENROLLMENT_RATE_LIMIT", 10)
+ENROLLMENT_RATE_WINDOW_S = env_int("ENROLLMENT_RATE_WINDOW_S", 900)
+if min(ENROLLMENT_CODE_TTL_S, ENROLLMENT_RATE_LIMIT, ENROLLMENT_RATE_WINDOW_S) < 1:
+    raise ImproperlyConfigured(
+        "ENROLLMENT_CODE_TTL_S, ENROLLMENT_RATE_LIMIT and ENROLLMENT_RATE_WINDOW_S "
+        "must be at least 1"
+    )
 # Threads (each with a database connection) a web process gives its agent sockets' queries.
 AGENT_DB_THREADS = env_int("AGENT_DB_THREADS", 4)
 # A host is offline this long after its last heartbeat.

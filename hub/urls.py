@@ -17,6 +17,7 @@ urlpatterns = [
     path("api/", include("hub.api.urls")),
     path("install.sh", installer.install_script, name="install-script"),
     path("agent/release.json", installer.release, name="agent-release"),
+    path("agent/enroll", installer.enroll, name="agent-enroll"),
     re_path(r"^agent/(?P<filename>[^/]+\.whl)$", installer.wheel_file, name="agent-wheel"),
     path("internal/tunnels/", include("hub.tunnels.urls")),
     path("", include("hub.web.urls")),

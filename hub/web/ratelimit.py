@@ -11,6 +11,8 @@ from django.conf import settings
 from django.core.cache import cache
 from django.http import HttpRequest
 
+from hub.lib import window_count
+
 
 def normalized_username(username: str) -> str:
     """What Django logs in as (NFKC, as its login form normalises), case folded: fullwidth or
@@ -34,20 +36,8 @@ def blocked(username: str, address: str) -> bool:
     return int(cache.get(_key(username, address), 0)) >= settings.LOGIN_RATE_LIMIT
 
 
-def _count(key: str, window_s: int) -> int:
-    """Add one to a counter that lives ``window_s`` from its first count; the new count."""
-    # add() starts the window only once; incr() keeps its expiry.
-    if cache.add(key, 1, timeout=window_s):
-        return 1
-    try:
-        return int(cache.incr(key))
-    except ValueError:  # expired between the two calls
-        cache.add(key, 1, timeout=window_s)
-        return 1
-
-
 def record_failure(username: str, address: str) -> None:
-    _count(_key(username, address), settings.LOGIN_RATE_WINDOW_S)
+    window_count.count(cache, _key(username, address), settings.LOGIN_RATE_WINDOW_S)
 
 
 def clear(username: str, address: str) -> None:
@@ -60,5 +50,5 @@ def _signup_key(address: str) -> str:
 
 def signup_allowed(address: str) -> bool:
     """Counts this sign-up attempt; False once the address made SIGNUP_RATE_LIMIT in the window."""
-    count = _count(_signup_key(address), settings.SIGNUP_RATE_WINDOW_S)
+    count = window_count.count(cache, _signup_key(address), settings.SIGNUP_RATE_WINDOW_S)
     return count <= settings.SIGNUP_RATE_LIMIT

@@ -45,5 +45,15 @@ urlpatterns = [
     path("supplier/gpus/<int:gpu_id>/", supplier.gpu_terms, name="gpu-terms"),
     path("supplier/tokens/", supplier.tokens, name="tokens"),
     path("supplier/tokens/<int:token_id>/revoke/", supplier.token_revoke, name="token-revoke"),
+    path(
+        "supplier/install-commands/",
+        supplier.install_command_create,
+        name="install-command-create",
+    ),
+    path(
+        "supplier/install-commands/<int:code_id>/cancel/",
+        supplier.install_command_cancel,
+        name="install-command-cancel",
+    ),
     path("supplier/earnings/", supplier.earnings, name="earnings"),
 ]

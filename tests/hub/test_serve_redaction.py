@@ -44,7 +44,15 @@ def test_redact_hides_a_generated_token() -> None:
     assert token not in redact(f"token={token}")
 
 
-@pytest.mark.parametrize("name", ["token", "access_token", "KEY"])
+def test_redact_hides_an_enrollment_code() -> None:
+    code = generate_token("cgpe_")
+    line = f"curl -fsSL https://hub/install.sh | sudo bash -s {code}; cgpe%5F{code[5:]}"
+    assert redact(line) == (
+        "curl -fsSL https://hub/install.sh | sudo bash -s cgpe_[redacted]; cgpe_[redacted]"
+    )
+
+
+@pytest.mark.parametrize("name", ["token", "access_token", "KEY", "code"])
 def test_redact_hides_secret_query_values(name: str) -> None:
     assert redact(f"GET /healthz?a=1&{name}=s3cret&b=2") == (
         f"GET /healthz?a=1&{name}=[redacted]&b=2"

@@ -27,6 +27,9 @@ FAST_TIMINGS = {
     # The sign-up throttle counts per address in Redis, across test runs on this machine: the
     # browser tests sign up from 127.0.0.1 on every run (test_login_limits tests the throttle).
     "SIGNUP_RATE_LIMIT": "100000",
+    # Likewise the failed enrollment-code exchanges from 127.0.0.1 (the installer tests make
+    # some on purpose); tests/hub/installer/test_enrollment.py tests that limit.
+    "ENROLLMENT_RATE_LIMIT": "100000",
 }
 
 
@@ -71,12 +74,20 @@ class HubStack:
 
 @contextmanager
 def hub_stack(
-    log_dir: Path, *, webs: int = 1, redis_url: str | None = None, **settings: str
+    log_dir: Path,
+    *,
+    webs: int = 1,
+    redis_url: str | None = None,
+    public: bool = False,
+    **settings: str,
 ) -> Iterator[HubStack]:
+    """``public``: the first Daphne is HUB_PUBLIC_URL, so install commands shown point at it."""
     overrides = {"DATABASE_URL": test_database_url(), "DEBUG": "1", **FAST_TIMINGS, **settings}
     if redis_url:
         overrides["REDIS_URL"] = redis_url
     web_ports = [free_port() for _ in range(webs)]
+    if public:
+        overrides["HUB_PUBLIC_URL"] = f"http://127.0.0.1:{web_ports[0]}"
     # The live socket takes only the hub's own origins: here, each Daphne's.
     overrides.setdefault(
         "CSRF_TRUSTED_ORIGINS", ",".join(f"http://127.0.0.1:{port}" for port in web_ports)

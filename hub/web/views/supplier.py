@@ -1,4 +1,5 @@
-"""Suppliers' pages: agent tokens, hosts and GPUs with live status, earnings.
+"""Suppliers' pages: agent tokens and install commands, hosts and GPUs with live status,
+earnings.
 
 Every lookup is scoped to the signed-in owner: another supplier's host, GPU or token is a 404.
 """
@@ -23,6 +24,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 import supplier_agent
 from hub.billing import services as billing
 from hub.billing.models import LedgerEntry
+from hub.installer import enrollment
+from hub.installer.models import EnrollmentCode
 from hub.suppliers import services as suppliers
 from hub.suppliers.models import AgentToken, Gpu, GpuSample, Host
 from hub.web.forms import GpuTermsForm, TokenForm
@@ -31,12 +34,46 @@ SPARKLINE_WINDOW = timedelta(hours=1)
 SPARKLINE_POINTS = 60
 
 
-def install_command(token: str) -> str:
-    """The one-liner a supplier pastes on a GPU host (see hub/installer)."""
-    return f"curl -fsSL {settings.HUB_PUBLIC_URL}/install.sh | sudo bash -s {token}"
+def install_command(code: str) -> str:
+    """The one-liner a supplier pastes on a GPU host (see hub/installer): it carries a
+    single-use enrollment code, never a token, since its argument is visible to every local
+    user in ``ps`` and lands in shell history and sudo's log."""
+    return f"curl -fsSL {settings.HUB_PUBLIC_URL}/install.sh | sudo bash -s {code}"
 
 
-# --- tokens -------------------------------------------------------------------------------
+def prompt_install_command() -> str:
+    """The installer without an argument: it asks for the token on the terminal, hidden."""
+    return f"curl -fsSL {settings.HUB_PUBLIC_URL}/install.sh | sudo bash"
+
+
+# --- tokens and install commands ----------------------------------------------------------
+
+
+def _tokens_page(
+    request: HttpRequest,
+    *,
+    form: TokenForm | None = None,
+    enroll_form: TokenForm | None = None,
+    status: int = 200,
+    **shown_once: Any,
+) -> HttpResponse:
+    context = {
+        "form": form or TokenForm(),
+        "enroll_form": enroll_form or TokenForm(prefix="enroll"),
+        "tokens": AgentToken.objects.filter(owner=request.user)
+        .annotate(host_count=Count("hosts"))
+        .order_by("-created_at"),
+        "waiting_codes": EnrollmentCode.objects.filter(
+            owner=request.user,
+            used_at__isnull=True,
+            revoked_at__isnull=True,
+            expires_at__gt=timezone.now(),
+        ).order_by("-created_at"),
+        "code_ttl_minutes": max(1, settings.ENROLLMENT_CODE_TTL_S // 60),
+        "prompt_install_command": prompt_install_command(),
+        **shown_once,
+    }
+    return render(request, "web/tokens.html", context, status=status)
 
 
 @login_required
@@ -44,20 +81,36 @@ def install_command(token: str) -> str:
 @require_http_methods(["GET", "POST"])
 def tokens(request: HttpRequest) -> HttpResponse:
     form = TokenForm(request.POST or None)
-    new_token = None
     if request.method == "POST" and form.is_valid():
         # Shown in this response only, never kept in the session store (issue 14).
         _, new_token = suppliers.create_agent_token(request.user, form.cleaned_data["name"])
-        form = TokenForm()
-    context = {
-        "form": form,
-        "tokens": AgentToken.objects.filter(owner=request.user)
-        .annotate(host_count=Count("hosts"))
-        .order_by("-created_at"),
-        "new_token": new_token,
-        "install_command": install_command(new_token) if new_token else None,
-    }
-    return render(request, "web/tokens.html", context, status=201 if new_token else 200)
+        return _tokens_page(request, status=201, new_token=new_token)
+    return _tokens_page(request, form=form)
+
+
+@login_required
+@never_cache
+@require_POST
+def install_command_create(request: HttpRequest) -> HttpResponse:
+    form = TokenForm(request.POST, prefix="enroll")
+    if not form.is_valid():
+        return _tokens_page(request, enroll_form=form)
+    # Like a new token, the code is in this response only (never_cache: no-store).
+    code, plaintext = enrollment.create_enrollment_code(request.user, form.cleaned_data["name"])
+    return _tokens_page(
+        request, status=201, new_code=code, install_command=install_command(plaintext)
+    )
+
+
+@login_required
+@require_POST
+def install_command_cancel(request: HttpRequest, code_id: int) -> HttpResponse:
+    code = get_object_or_404(EnrollmentCode, pk=code_id, owner=request.user)
+    if enrollment.revoke_enrollment_code(request.user, code.pk):
+        messages.success(request, f"Install command {code.prefix}… cancelled.")
+    else:
+        messages.info(request, f"Install command {code.prefix}… was already used or cancelled.")
+    return redirect("web:tokens")
 
 
 @login_required

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # CloudGPU supplier agent installer, served by the hub at /install.sh.
 #
-#   curl -fsSL {{ hub_url }}/install.sh | sudo bash -s <TOKEN>
+#   curl -fsSL {{ hub_url }}/install.sh | sudo bash -s <ENROLLMENT-CODE>
 #
-# The token may also come from CLOUDGPU_TOKEN or, with neither, a hidden prompt on the
-# terminal. It goes to `cloudgpu-agent configure` on stdin only, never on a command line.
+# The argument is a single-use enrollment code (cgpe_...) from the hub's install command, never
+# a token: every user of this host can read a command line (ps), and it lands in shell history
+# and sudo's log. The script exchanges the code with the hub, once, for a new agent token. A
+# token itself may come from CLOUDGPU_TOKEN or, with neither, a hidden prompt on the terminal.
+# The token goes to `cloudgpu-agent configure` on stdin only, never on a command line.
 # Run with --help for the options. Re-running upgrades the installation in place.
 #
 # Everything happens inside main(), called on the very last line: a download cut short
@@ -14,22 +17,27 @@ set -euo pipefail
 main() {
   local prog=cloudgpu-install
   local hub={{ hub_url_shell }}
-  local prefix=/opt/cloudgpu-agent state="" runtime="" systemd=1 token=""
-  local prefix_given=0
+  local prefix=/opt/cloudgpu-agent state="" runtime="" systemd=1 token="" code=""
+  local prefix_given=0 code_spent=0
 
   say() { printf '%s: %s\n' "$prog" "$*" >&2; }
   warn() { say "warning: $*"; }
   die() {
     say "error: $1"
+    if ((code_spent)); then
+      say "note: the enrollment code is used up; re-run with a new install command from the hub"
+    fi
     exit "${2:-1}"
   }
   usage() {
     cat <<USAGE
 Install the CloudGPU supplier agent on this host and connect it to a hub.
 
-  curl -fsSL $hub/install.sh | sudo bash -s [--] [TOKEN] [OPTIONS]
+  curl -fsSL $hub/install.sh | sudo bash -s [--] [CODE] [OPTIONS]
 
-TOKEN           the supplier token from the hub (or set CLOUDGPU_TOKEN, or type it when asked)
+CODE            the single-use enrollment code (cgpe_...) of an install command from the hub;
+                without one, give a supplier token in CLOUDGPU_TOKEN or type it when asked
+                (never on the command line)
 --prefix DIR    install into DIR (default /opt/cloudgpu-agent): DIR/venv and DIR/state
 --state DIR     the agent's state folder (default PREFIX/state)
 --hub URL       the hub to join (default $hub)
@@ -54,15 +62,21 @@ USAGE
       -h | --help) usage && exit 0 ;;
       --) shift ;;
       -*) die "unknown option $1 (see --help)" 2 ;;
-      *)
-        # Never echo this argument back: it is the token.
-        [[ -z $token ]] || die "more than one token given (see --help)" 2
-        token=$1
+      cgpu_*)
+        # Never echo this argument back: it is a secret.
+        die "that is an agent token, and a command line is readable by every user of this host (ps) and lands in shell history and sudo's log. Use an install command from the hub (it carries a single-use enrollment code), or give the token in CLOUDGPU_TOKEN or at the prompt" 2
+        ;;
+      cgpe_*)
+        [[ -z $code ]] || die "more than one enrollment code given (see --help)" 2
+        code=$1
         shift
         ;;
+      *) die "the argument is not an enrollment code (cgpe_...): copy the install command again from the hub (see --help)" 2 ;;
     esac
   done
-  token=${token:-${CLOUDGPU_TOKEN:-}}
+  if [[ -z $code ]]; then
+    token=${CLOUDGPU_TOKEN:-}
+  fi
   # Nothing started from here on (pip, the agent, the service) inherits it.
   unset CLOUDGPU_TOKEN
 
@@ -129,18 +143,27 @@ USAGE
     warn "the NVIDIA Container Toolkit is missing, so containers cannot use the GPUs. Fix: install it (https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html), then: nvidia-ctk runtime configure --runtime=docker && systemctl restart docker"
   fi
 
-  # --- the token -----------------------------------------------------------------------------
-  if [[ -z $token ]]; then
+  # --- the enrollment code or the token -------------------------------------------------------
+  if [[ -z $code && -z $token ]]; then
     # stdin is this script when piped from curl: ask on the terminal itself.
     if ! (: </dev/tty) 2>/dev/null; then
-      die "no token: pass it as 'bash -s <TOKEN>', set CLOUDGPU_TOKEN, or run this from a terminal" 2
+      die "no enrollment code or token: run the install command from the hub ('bash -s <CODE>'), set CLOUDGPU_TOKEN, or run this from a terminal" 2
     fi
-    printf 'Supplier token (from the hub; input hidden): ' >/dev/tty
+    printf 'Supplier token or enrollment code (from the hub; input hidden): ' >/dev/tty
     IFS= read -rs token </dev/tty || true
     printf '\n' >/dev/tty
   fi
-  [[ -n $token ]] || die "the supplier token is empty" 2
-  [[ $token =~ ^[[:graph:]]+$ ]] || die "the supplier token has an unexpected form; copy it again from the hub" 2
+  if [[ $token == cgpe_* ]]; then
+    code=$token
+    token=""
+  fi
+  if [[ -n $code ]]; then
+    [[ $code =~ ^cgpe_[0-9A-Za-z]{36}$ ]] ||
+      die "the enrollment code has an unexpected form; copy the install command again from the hub" 2
+  else
+    [[ -n $token ]] || die "the supplier token is empty" 2
+    [[ $token =~ ^[[:graph:]]+$ ]] || die "the supplier token has an unexpected form; copy it again from the hub" 2
+  fi
 
   # --- download and verify, before anything is installed ------------------------------------
   # A global, not a local: the EXIT trap runs after main's locals are gone.
@@ -168,6 +191,40 @@ print(d["version"], d["filename"], d["sha256"])' "$tmp/release.json" 2>/dev/null
     die "sha256 mismatch for $filename: expected $sha256, got $actual. The download is corrupt or was tampered with; nothing was installed."
   fi
   say "downloaded $filename (sha256 verified)"
+
+  # --- the enrollment code for a token, once ------------------------------------------------
+  # After the checks and the download, so a host that cannot install does not use up the code.
+  if [[ -n $code ]]; then
+    say "exchanging the enrollment code for an agent token at $hub"
+    local reply status
+    # The code reaches python and curl on stdin, never on a command line; no redirect is
+    # followed, so it goes to $hub (https://, or plain http on loopback) and nowhere else.
+    reply=$(printf '%s\n' "$code" |
+      python3 -c 'import json, socket, sys
+print(json.dumps({"code": sys.stdin.readline().strip(), "host": socket.gethostname()}))' |
+      curl -sS --proto '=http,https' --connect-timeout 20 --max-time 60 \
+        -H 'Content-Type: application/json' --data-binary @- -w '\n%{http_code}' \
+        "$hub/agent/enroll") ||
+      die "could not reach $hub/agent/enroll: check that this host can reach the hub, then re-run" 3
+    code=""
+    status=${reply##*$'\n'}
+    reply=${reply%$'\n'*}
+    if [[ $status != 201 ]]; then
+      # The hub says why in plain words (used, expired, unknown, rate limited); printable only.
+      local why
+      why=$(printf '%s' "$reply" | python3 -c 'import json, sys
+detail = str(json.load(sys.stdin)["detail"])
+print("".join(c for c in detail if c.isprintable())[:300])' 2>/dev/null) || why="HTTP $status"
+      die "the hub refused the enrollment code: $why" 4
+    fi
+    code_spent=1
+    token=$(printf '%s' "$reply" | python3 -c 'import json, sys
+token = json.load(sys.stdin)["token"]
+assert isinstance(token, str) and token.isascii() and token.isprintable() and " " not in token
+print(token)' 2>/dev/null) || die "the hub's answer to the enrollment code is not what this installer expects"
+    reply=""
+    say "the hub issued an agent token for this host"
+  fi
 
   # --- install -------------------------------------------------------------------------------
   umask 022
@@ -216,7 +273,7 @@ print(d["version"], d["filename"], d["sha256"])' "$tmp/release.json" 2>/dev/null
   case $smoke in
     0) ;;
     3) die "the hub did not answer within 10 s: check that this host can reach $hub (firewall, proxy), then re-run" 3 ;;
-    4) die "the hub rejected the token: create a new one in the hub and re-run with it" 4 ;;
+    4) die "the hub rejected the token: create a new install command in the hub and re-run with it" 4 ;;
     *) die "the connection check failed (exit $smoke); details: $agent doctor --connectivity --state $state" "$smoke" ;;
   esac
   say "success: cloudgpu-agent $version is installed in $prefix and the hub at $hub answered"
