@@ -24,11 +24,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 import supplier_agent
 from hub.billing import services as billing
 from hub.billing.models import LedgerEntry
+from hub.billing.money import format_micros
 from hub.installer import enrollment
 from hub.installer.models import EnrollmentCode
 from hub.suppliers import services as suppliers
 from hub.suppliers.models import AgentToken, Gpu, GpuSample, Host
-from hub.web.forms import GpuTermsForm, TokenForm
+from hub.web.forms import GpuTermsForm, HostDefaultPriceForm, TokenForm
 
 SPARKLINE_WINDOW = timedelta(hours=1)
 SPARKLINE_POINTS = 60
@@ -171,6 +172,7 @@ def _host_rows(hosts: list[Host]) -> list[dict[str, Any]]:
                 }
                 for gpu in host.gpus.all()
             ],
+            "default_price": (host.default_price_per_hour_micros or 0) / 1_000_000,
         }
         for host in hosts
     ]
@@ -225,8 +227,33 @@ def gpu_terms(request: HttpRequest, gpu_id: int) -> HttpResponse:
     else:
         messages.success(
             request,
-            f"GPU {gpu.index} on {gpu.host.hostname}: ${form.cleaned_data['price']:.2f}/h, "
+            f"GPU {gpu.index} on {gpu.host.hostname}: "
+            f"{format_micros(form.price_micros, cents=True)}/h, "
             + ("for rent." if form.cleaned_data["listed"] else "not for rent."),
+        )
+    return redirect("web:hosts")
+
+
+@login_required
+@require_POST
+def host_default_price(request: HttpRequest, host_id: int) -> HttpResponse:
+    host = get_object_or_404(Host, pk=host_id, owner=request.user)
+    form = HostDefaultPriceForm(request.POST)
+    if not form.is_valid():
+        errors = "; ".join(str(e) for errs in form.errors.values() for e in errs)
+        messages.error(request, f"{host.hostname} unchanged: {errors}")
+        return redirect("web:hosts")
+    try:
+        suppliers.set_host_default_price(host.pk, form.price_micros)
+    except suppliers.SupplierError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(
+            request,
+            f"GPUs {host.hostname} adds later are listed at "
+            f"{format_micros(form.price_micros, cents=True)}/h."
+            if form.price_micros is not None
+            else f"GPUs {host.hostname} adds later stay unlisted until you price them.",
         )
     return redirect("web:hosts")
 

@@ -250,6 +250,7 @@ def test_the_rent_page_carries_the_price_it_showed(admin_user: User) -> None:
     client.force_login(renter)
     page = client.get(reverse("web:rent", args=[gpu.pk])).content.decode()
     assert f'name="seen_price_micros" value="{UNIT}"' in page
+    assert page.count('name="seen_price_micros"') == 1  # a second, empty one would win
     suppliers.set_gpu_terms(gpu.pk, price_per_hour_micros=300 * UNIT)
     refused = client.post(
         reverse("web:rent", args=[gpu.pk]), {"image": "busybox", "seen_price_micros": str(UNIT)}

@@ -76,13 +76,19 @@ def test_login_is_rate_limited_per_username_and_address(settings: Any) -> None:
     cache.close()
 
 
+def _seen(fields: dict[str, object], gpu_id: int) -> dict[str, object]:
+    """A rent form's fields with the price its page showed, as the browser sends them."""
+    price = Gpu.objects.get(pk=gpu_id).price_per_hour_micros
+    return {**fields, "seen_price_micros": str(price)}
+
+
 def test_forms_need_a_csrf_token() -> None:
     host = _priced_host()
     renter = _funded_renter()
     client = Client(enforce_csrf_checks=True)
     client.force_login(renter)
     gpu = host.gpus.get()
-    response = client.post(reverse("web:rent", args=[gpu.pk]), {"image": "busybox"})
+    response = client.post(reverse("web:rent", args=[gpu.pk]), _seen({"image": "busybox"}, gpu.pk))
     assert response.status_code == 403
     lease = f.start_lease(host, renter=renter)
     assert client.post(reverse("web:lease-stop", args=[lease.pk])).status_code == 403
@@ -114,7 +120,10 @@ def test_renting_with_a_template_opens_the_lease_page_with_the_access_token_once
     client = _client(renter)
     response = client.post(
         reverse("web:rent", args=[host.gpus.get().pk]),
-        {"template": template.pk, "keep_alive_hours": "3", "access_protected": "on"},
+        _seen(
+            {"template": template.pk, "keep_alive_hours": "3", "access_protected": "on"},
+            host.gpus.get().pk,
+        ),
     )
     lease = Lease.objects.get(renter=renter)
     assert response.status_code == 302
@@ -144,7 +153,7 @@ def test_no_plaintext_token_ever_reaches_the_session_store() -> None:
     ).content.decode()
     renter_client.post(
         reverse("web:rent", args=[host.gpus.get().pk]),
-        {"template": template.pk, "access_protected": "on"},
+        _seen({"template": template.pk, "access_protected": "on"}, host.gpus.get().pk),
     )
     lease = Lease.objects.get(renter=renter)
     access_page = renter_client.post(reverse("web:lease-access-token", args=[lease.pk]))
@@ -173,7 +182,9 @@ def test_bad_rent_input_is_refused_in_plain_words_with_the_form_kept(
 ) -> None:
     host = _priced_host()
     client = _client(_funded_renter())
-    response = client.post(reverse("web:rent", args=[host.gpus.get().pk]), fields)
+    response = client.post(
+        reverse("web:rent", args=[host.gpus.get().pk]), _seen(fields, host.gpus.get().pk)
+    )
     assert response.status_code == 400
     body = response.content.decode()
     assert words in body.lower()
@@ -185,12 +196,12 @@ def test_renting_without_funds_or_a_taken_gpu_says_so() -> None:
     host = _priced_host()
     gpu = host.gpus.get()
     broke = _client(f.make_user("broke"))
-    response = broke.post(reverse("web:rent", args=[gpu.pk]), {"image": "busybox"})
+    response = broke.post(reverse("web:rent", args=[gpu.pk]), _seen({"image": "busybox"}, gpu.pk))
     assert response.status_code == 400
     assert "balance" in response.content.decode().lower()
     f.start_lease(host, renter=_funded_renter())
     response = _client(_funded_renter()).post(
-        reverse("web:rent", args=[gpu.pk]), {"image": "busybox"}
+        reverse("web:rent", args=[gpu.pk]), _seen({"image": "busybox"}, gpu.pk)
     )
     assert response.status_code == 400
     assert "just rented by someone else" in response.content.decode()
