@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
+from hub.lib import csp
 from hub.lib.env import (
     EnvError,
     database_from_url,
@@ -137,6 +138,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "hub.lib.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -246,6 +248,8 @@ if env_bool("TRUST_X_FORWARDED_PROTO", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+# Scripts from the hub's own static files only (no inline script, no eval): hub/lib/csp.py.
+CONTENT_SECURITY_POLICY = env_str("CONTENT_SECURITY_POLICY", csp.DEFAULT_POLICY)
 
 # --- Channels and Celery share one Redis; Redis holds nothing that cannot be lost -------------
 CHANNEL_LAYERS = {
@@ -346,6 +350,14 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
+# A release the host has failed to carry out for this long flags the host "release stuck": it
+# takes no new rentals until the release goes through (the renter stopped paying at Stop).
+RELEASE_STUCK_AFTER_S = env_int("RELEASE_STUCK_AFTER_S", 300)
+CELERY_BEAT_SCHEDULE["flag-stuck-releases"] = {
+    "task": "leases.flag_stuck_releases",
+    "schedule": float(SWEEP_INTERVAL_S),
+    "options": {"expires": float(SWEEP_INTERVAL_S)},
+}
 CELERY_BEAT_SCHEDULE["expire-due-leases"] = {
     "task": "leases.expire_due_leases",
     "schedule": float(SWEEP_INTERVAL_S),
@@ -356,14 +368,6 @@ CELERY_BEAT_SCHEDULE["expire-due-leases"] = {
 LOGIN_URL = "web:login"
 LOGIN_REDIRECT_URL = "web:offers"
 LOGOUT_REDIRECT_URL = "home"
-# A release the host has failed to carry out for this long flags the host "release stuck": it
-# takes no new rentals until the release goes through (the renter stopped paying at Stop).
-RELEASE_STUCK_AFTER_S = env_int("RELEASE_STUCK_AFTER_S", 300)
-CELERY_BEAT_SCHEDULE["flag-stuck-releases"] = {
-    "task": "leases.flag_stuck_releases",
-    "schedule": float(SWEEP_INTERVAL_S),
-    "options": {"expires": float(SWEEP_INTERVAL_S)},
-}
 # The login rate limit's counters live here, so every web process sees the same ones.
 CACHES = {
     "default": {

@@ -56,6 +56,18 @@ def _assert_not_reloaded(page: Any) -> None:
     assert page.evaluate("window.__noReload") == "still here"
 
 
+def _csp_violations(page: Any) -> list[str]:
+    """What the browser refused under the Content-Security-Policy while ``page`` was open."""
+    seen: list[str] = []
+    page.on(
+        "console",
+        lambda message: seen.append(message.text)
+        if "Content Security Policy" in message.text
+        else None,
+    )
+    return seen
+
+
 def _online_host(owner: User) -> Host | None:
     return Host.objects.filter(owner=owner, status=Host.Status.ONLINE).first()
 
@@ -71,6 +83,7 @@ def _sign_up(page: Any, base: str, username: str) -> None:
 
 def _admin_top_up(context: Any, base: str, admin: str, renter: str, amount: str) -> None:
     page = context.new_page()
+    blocked = _csp_violations(page)
     page.goto(f"{base}/admin/login/")
     page.fill("#id_username", admin)
     page.fill("#id_password", PASSWORD)
@@ -83,6 +96,7 @@ def _admin_top_up(context: Any, base: str, admin: str, renter: str, amount: str)
     page.fill("#id_reason", "browser test top-up")
     page.click("input[name=apply]")
     _expect()(page.locator(".messagelist")).to_contain_text("Adjusted the balance of 1 user")
+    assert blocked == []  # the admin's own scripts run under the policy too
     page.close()
 
 
@@ -97,7 +111,9 @@ def test_a_renter_signs_up_rents_watches_it_run_stops_it_and_sees_the_cost(
         slug="web-demo", name="Web demo", image="busybox", ports=[8080], command=["httpd"]
     )
     with hub_stack(tmp_path, **_tunnel_settings(tmp_path)) as stack:
-        _, token = supplier_services.create_agent_token(supplier, "rig")
+        _, token = supplier_services.create_agent_token(
+            supplier, "rig", default_price_per_hour_micros=0
+        )
         state = tmp_path / "agent"
         assert configure(state, stack.url(), token, "--runtime", "mock").returncode == 0
         with running_agent(state, tmp_path / "agent.log"):
@@ -109,6 +125,7 @@ def test_a_renter_signs_up_rents_watches_it_run_stops_it_and_sees_the_cost(
             context = browser.new_context(base_url=stack.url())
             page = context.new_page()
             page.set_default_timeout(20_000)
+            blocked = _csp_violations(page)
             _sign_up(page, stack.url(), renter)
             screenshot(page, "offers")
 
@@ -168,6 +185,8 @@ def test_a_renter_signs_up_rents_watches_it_run_stops_it_and_sees_the_cost(
             screenshot(page, "usage")
             page.goto("/leases/")
             screenshot(page, "leases")
+            # Everything above ran under the Content-Security-Policy (no inline scripts).
+            assert blocked == []
             context.close()
 
 
@@ -207,8 +226,11 @@ def test_a_supplier_creates_a_token_starts_an_agent_sees_it_online_and_sets_a_pr
             expect(page.locator("section.host")).to_contain_text("RTX 4090")
             screenshot(page, "hosts")
 
+            # A new GPU is not for rent until its supplier prices it (issue 14 item 5).
+            expect(page.locator("section.host")).to_contain_text("needs a price")
             price = page.locator("form.gpu-terms input[type=number]").first
             price.fill("0.75")
+            page.locator("form.gpu-terms input[type=checkbox]").first.check()
             page.locator("form.gpu-terms button").first.click()
             expect(page.locator(".messages")).to_contain_text("$0.75/h")
             gpu = Gpu.objects.get(host__owner__username=username)
