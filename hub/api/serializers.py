@@ -43,6 +43,12 @@ class ErrorSerializer(serializers.Serializer):
     )
 
 
+class PriceChangedSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    price_per_hour = serializers.CharField(help_text="The price now, e.g. `$300.00`.")
+    price_per_hour_micros = serializers.IntegerField()
+
+
 # --- API tokens ---------------------------------------------------------------------------------
 
 

@@ -42,6 +42,12 @@ ERRORS = {
 }
 NOT_FOUND = {404: OpenApiResponse(s.ErrorSerializer, description="Not found (or not yours).")}
 AUTH_ONLY = {401: ERRORS[401]}
+PRICE_CHANGED = {
+    409: OpenApiResponse(
+        s.PriceChangedSerializer,
+        description="A GPU costs more than `max_price_per_hour` now; nothing was rented.",
+    )
+}
 
 
 # --- tokens -------------------------------------------------------------------------------------
@@ -197,7 +203,7 @@ class LeaseList(generics.GenericAPIView):
             " `price_per_hour_micros`); nothing is rented."
         ),
         request=s.LeaseCreateSerializer,
-        responses={201: s.LeaseSerializer, **ERRORS},
+        responses={201: s.LeaseSerializer, **ERRORS, **PRICE_CHANGED},
     )
     def post(self, request: Request) -> Response:
         data = _valid(s.LeaseCreateSerializer, request.data)
