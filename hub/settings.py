@@ -210,8 +210,9 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": (
         "Rent GPUs from a script. Authenticate with `Authorization: Bearer cgpr_...` (create a "
         "token on the dashboard's API tokens page, or at `/api/v1/tokens/`). A token has "
-        "scopes: `read` (every GET), `leases` (start and stop leases, their access tokens) and "
-        "`tokens` (list, create and revoke API tokens); new tokens get `read` and `leases`. "
+        "scopes: `read` (every GET but the token list), `leases` (start and stop leases, their "
+        "access tokens) and `tokens` (list, create and revoke API tokens); new tokens get "
+        "`read` and `leases`. "
         "Each operation names the scope it needs in `x-required-scope`; a token without it "
         "gets 403. A logged-in session has every scope. Money is integer micro-units "
         "(1 unit = 1,000,000 micros) next to a formatted string."
