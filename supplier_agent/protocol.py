@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -48,6 +49,19 @@ _IMAGE = re.compile(
 _HEX = re.compile(r"^[0-9a-f]{1,64}$")
 _GPU_UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
 _VOLUME_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")
+# Wire names of volumes the hub knows: a renter's template cache (hub/leases/cache_volumes.py)
+# and a volume a renter made. Only the latter may be deleted by the hub.
+CACHE_VOLUME_PREFIX = "renter-"
+RENTER_VOLUME_PREFIX = "vol-"
+_CACHE_WIRE_NAME = re.compile(r"^renter-[0-9a-f]{40}$")
+_RENTER_VOLUME_NAME = re.compile(r"^vol-[0-9a-f]{40}$")
+MAX_RENTER_VOLUMES = 4
+MAX_VOLUME_SIZE_BYTES = 2**62
+# Per list of a volume_report; a frame still holds only what fits 64 KiB (the agent splits).
+MAX_VOLUME_ENTRIES = 4096
+VOLUME_REMOVAL_REASONS = frozenset({"idle", "disk_low", "deleted"})
+# Unix seconds up to the year 5138: a float that any timestamp column takes.
+MAX_UNIX_TIME = 1e11
 _USER = re.compile(r"^[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,31}(?::[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,31})?$")
 # An ssh host name or address: it reaches ssh's argv, so nothing that could read as an option.
 _SSH_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}$")
@@ -141,6 +155,14 @@ def _list(value: Any, where: str, *, max_items: int) -> list[Any]:
 def _str_list(value: Any, where: str, *, max_items: int = 256) -> tuple[str, ...]:
     items = _list(value, where, max_items=max_items)
     return tuple(_str(item, f"{where}[{i}]", allow_empty=True) for i, item in enumerate(items))
+
+
+def _unix_time(value: Any, where: str) -> float:
+    _expect(value, (int, float), where)
+    # json.loads takes NaN and Infinity, which no timestamp column does.
+    if not (isinstance(value, int) or math.isfinite(value)) or not 0 <= value <= MAX_UNIX_TIME:
+        raise ProtocolError(f"{where} must be Unix seconds between 0 and {MAX_UNIX_TIME:.0f}")
+    return float(value)
 
 
 def _optional(value: Any, parse: Any, where: str) -> Any:
@@ -504,6 +526,95 @@ class LogChunk(Message):
 
 
 @dataclass(frozen=True)
+class VolumeUsage:
+    """One volume on the host as last measured: ``bytes`` is -1 until Docker has measured it;
+    ``over_cap``: it holds more than its ``size_bytes`` (leases mounting it are refused)."""
+
+    name: str
+    bytes: int
+    in_use: bool
+    last_used: float
+    over_cap: bool = False
+
+    @classmethod
+    def parse(cls, data: Any, where: str) -> VolumeUsage:
+        _expect(data, dict, where)
+        _known(data, {"name", "bytes", "in_use", "last_used", "over_cap"}, where)
+        return cls(
+            name=_volume_wire_name(data.get("name"), f"{where}.name"),
+            bytes=_int(data.get("bytes"), f"{where}.bytes", lo=-1),
+            in_use=_expect(data.get("in_use"), bool, f"{where}.in_use"),
+            last_used=_unix_time(data.get("last_used"), f"{where}.last_used"),
+            over_cap=_expect(data.get("over_cap", False), bool, f"{where}.over_cap"),
+        )
+
+
+@dataclass(frozen=True)
+class VolumeRemoval:
+    """A volume the agent removed: ``idle`` (unused for volume_idle_days), ``disk_low`` (the
+    host's disk fell under its floor) or ``deleted`` (the hub's ``volume_delete``)."""
+
+    name: str
+    reason: str
+    at: float
+
+    @classmethod
+    def parse(cls, data: Any, where: str) -> VolumeRemoval:
+        _expect(data, dict, where)
+        _known(data, {"name", "reason", "at"}, where)
+        reason = _str(data.get("reason"), f"{where}.reason", max_len=16)
+        if reason not in VOLUME_REMOVAL_REASONS:
+            raise ProtocolError(
+                f"{where}.reason must be one of {', '.join(sorted(VOLUME_REMOVAL_REASONS))}"
+            )
+        return cls(
+            name=_volume_wire_name(data.get("name"), f"{where}.name"),
+            reason=reason,
+            at=_unix_time(data.get("at"), f"{where}.at"),
+        )
+
+
+@dataclass(frozen=True)
+class VolumeReport(Message):
+    """The host's renter volumes and caches, and what it removed in the last 7 days.
+
+    Sent after every ``welcome`` and every housekeeping sweep, and after a ``volume_delete``
+    took effect. Removals repeat in every report for 7 days (the hub applies them
+    idempotently: a report can be lost in a disconnect). A host with more volumes than one
+    64 KiB frame holds sends several reports in a row, so a report is not the complete list:
+    a volume missing from one is not gone; only ``removed`` says that.
+    """
+
+    TYPE: ClassVar[str] = "volume_report"
+    volumes: tuple[VolumeUsage, ...] = ()
+    removed: tuple[VolumeRemoval, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> VolumeReport:
+        _known(data, {"volumes", "removed"}, "volume_report")
+        volumes = _list(
+            data.get("volumes", []), "volume_report.volumes", max_items=MAX_VOLUME_ENTRIES
+        )
+        removed = _list(
+            data.get("removed", []), "volume_report.removed", max_items=MAX_VOLUME_ENTRIES
+        )
+        report = cls(
+            volumes=tuple(
+                VolumeUsage.parse(v, f"volume_report.volumes[{i}]") for i, v in enumerate(volumes)
+            ),
+            removed=tuple(
+                VolumeRemoval.parse(r, f"volume_report.removed[{i}]") for i, r in enumerate(removed)
+            ),
+        )
+        # One row per (host, volume): two entries for one name would fight in a batch write.
+        if len({v.name for v in report.volumes}) != len(report.volumes):
+            raise ProtocolError("volume_report.volumes lists a volume twice")
+        if len({r.name for r in report.removed}) != len(report.removed):
+            raise ProtocolError("volume_report.removed lists a volume twice")
+        return report
+
+
+@dataclass(frozen=True)
 class Pong(Message):
     TYPE: ClassVar[str] = "pong"
     nonce: str
@@ -603,10 +714,78 @@ class CacheVolume:
         name = _str(data.get("name"), f"{where}.name", max_len=128)
         if not _VOLUME_NAME.fullmatch(name):
             raise ProtocolError(f"{where}.name {name!r} is not a valid volume name")
-        path = _str(data.get("path"), f"{where}.path", max_len=1024)
-        if not path.startswith("/") or path == "/" or ".." in path.split("/"):
-            raise ProtocolError(f"{where}.path must be an absolute folder inside the container")
-        return cls(name=name, path=path)
+        return cls(name=name, path=_mount_path(data.get("path"), f"{where}.path"))
+
+
+def _mount_path(value: Any, where: str) -> str:
+    path = _str(value, where, max_len=1024)
+    if not path.startswith("/") or path == "/" or ".." in path.split("/"):
+        raise ProtocolError(f"{where} must be an absolute folder inside the container")
+    return path
+
+
+def validate_renter_volume_name(value: Any, where: str) -> str:
+    name = _str(value, where, max_len=64)
+    if not _RENTER_VOLUME_NAME.fullmatch(name):
+        raise ProtocolError(f"{where} must be 'vol-' and 40 lowercase hex digits")
+    return name
+
+
+def _volume_wire_name(value: Any, where: str) -> str:
+    name = _str(value, where, max_len=64)
+    if not (_RENTER_VOLUME_NAME.fullmatch(name) or _CACHE_WIRE_NAME.fullmatch(name)):
+        raise ProtocolError(
+            f"{where} must be 'vol-' or 'renter-' and 40 lowercase hex digits, not {name!r}"
+        )
+    return name
+
+
+def is_volume_wire_name(name: str) -> bool:
+    """Whether ``name`` can travel in a ``volume_report`` (caches of older hubs cannot)."""
+    return bool(_RENTER_VOLUME_NAME.fullmatch(name) or _CACHE_WIRE_NAME.fullmatch(name))
+
+
+@dataclass(frozen=True)
+class RenterVolume:
+    """A volume the renter made, mounted at ``path``; ``size_bytes`` is its cap (None: none).
+
+    The agent checks the cap when it measures the volume, not in the filesystem (volumes.py).
+    """
+
+    name: str
+    path: str
+    size_bytes: int | None = None
+
+    @classmethod
+    def parse(cls, data: Any, where: str) -> RenterVolume:
+        _expect(data, dict, where)
+        _known(data, {"name", "path", "size_bytes"}, where)
+        return cls(
+            name=validate_renter_volume_name(data.get("name"), f"{where}.name"),
+            path=_mount_path(data.get("path"), f"{where}.path"),
+            size_bytes=_optional(
+                data.get("size_bytes"),
+                lambda v, w: _int(v, w, lo=1, hi=MAX_VOLUME_SIZE_BYTES),
+                f"{where}.size_bytes",
+            ),
+        )
+
+
+def validate_volumes(
+    value: Any, cache_volume: CacheVolume | None, where: str = "docker_run.volumes"
+) -> tuple[RenterVolume, ...]:
+    """``docker_run.volumes``: distinct names, and every mount path distinct (the cache's too):
+    Docker refuses two mounts on one path only once the container is created."""
+    items = _list(value, where, max_items=MAX_RENTER_VOLUMES)
+    volumes = tuple(RenterVolume.parse(v, f"{where}[{i}]") for i, v in enumerate(items))
+    if len({v.name for v in volumes}) != len(volumes):
+        raise ProtocolError(f"{where} lists a volume twice")
+    paths = [v.path for v in volumes]
+    if cache_volume is not None:
+        paths.append(cache_volume.path)
+    if len({p.rstrip("/") for p in paths}) != len(paths):
+        raise ProtocolError(f"{where}: two volumes (or a volume and the cache) share a path")
+    return volumes
 
 
 def validate_public_key(value: Any, where: str) -> str:
@@ -692,6 +871,15 @@ class DockerRun(Command):
     paid_until: str | None = None
     # Present when the hub runs a tunnel gateway: every forward's port is one of ``ports``.
     tunnel: TunnelSpec | None = None
+    # The renter's own volumes (issue 13); left out of the frame when empty, so that agents
+    # from before them still take the commands of a newer hub.
+    volumes: tuple[RenterVolume, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        body = super().to_dict()
+        if not self.volumes:
+            del body["volumes"]
+        return body
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DockerRun:
@@ -706,6 +894,9 @@ class DockerRun(Command):
         user = _optional(data.get("user"), _str, "docker_run.user")
         if user is not None and not _USER.fullmatch(user):
             raise ProtocolError("docker_run.user must look like 'name', 'uid' or 'uid:gid'")
+        cache_volume = _optional(
+            data.get("cache_volume"), CacheVolume.parse, "docker_run.cache_volume"
+        )
         return cls(
             **cls._base(data),
             image=validate_image(data.get("image"), "docker_run.image"),
@@ -714,14 +905,13 @@ class DockerRun(Command):
             entrypoint=_optional(data.get("entrypoint"), _str_list, "docker_run.entrypoint"),
             command=_optional(data.get("command"), _str_list, "docker_run.command"),
             user=user,
-            cache_volume=_optional(
-                data.get("cache_volume"), CacheVolume.parse, "docker_run.cache_volume"
-            ),
+            cache_volume=cache_volume,
             warmup=_optional(data.get("warmup"), _str_list, "docker_run.warmup"),
             paid_until=_optional(
                 data.get("paid_until"), lambda v, w: _str(v, w, max_len=64), "docker_run.paid_until"
             ),
             tunnel=_tunnel_for(data.get("tunnel"), parsed_ports),
+            volumes=validate_volumes(data.get("volumes", []), cache_volume),
         )
 
 
@@ -796,6 +986,23 @@ class Logs(Message):
 
 
 @dataclass(frozen=True)
+class VolumeDelete(Message):
+    """Remove a renter's volume (never a cache) from this host: at once if no container mounts
+    it, else once none does. The agent answers with a ``volume_report`` listing it as removed
+    (``deleted``), also for a name it never had, so the hub can finish either way.
+
+    Not a Command: it names no lease and needs no epoch; repeating it is harmless."""
+
+    TYPE: ClassVar[str] = "volume_delete"
+    name: str
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> VolumeDelete:
+        _known(data, {"name"}, "volume_delete")
+        return cls(name=validate_renter_volume_name(data.get("name"), "volume_delete.name"))
+
+
+@dataclass(frozen=True)
 class Ping(Message):
     TYPE: ClassVar[str] = "ping"
     nonce: str
@@ -832,10 +1039,13 @@ AGENT_TO_HUB = frozenset(
         "tunnel_state",
         "log_chunk",
         "pong",
+        "volume_report",
         "error",
     }
 )
-HUB_TO_AGENT = frozenset({"welcome", "reserve", "docker_run", "release", "logs", "ping", "error"})
+HUB_TO_AGENT = frozenset(
+    {"welcome", "reserve", "docker_run", "release", "logs", "volume_delete", "ping", "error"}
+)
 
 
 def parse_message(frame: str | bytes, *, allowed: frozenset[str] | None = None) -> Message:
