@@ -128,6 +128,7 @@ INSTALLED_APPS = [
     "hub.tunnels",
     "hub.billing",
     "hub.catalog",
+    "hub.volumes",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -351,6 +352,10 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
+# Renters' own volumes (hub/volumes): the largest size one may ask for, and how many each may
+# have. The agent measures usage hourly; a volume over its size mounts into no new rental.
+VOLUME_MAX_GIB = env_int("VOLUME_MAX_GIB", 1000)
+VOLUME_MAX_PER_RENTER = env_int("VOLUME_MAX_PER_RENTER", 20)
 # A release the host has failed to carry out for this long flags the host "release stuck": it
 # takes no new rentals until the release goes through (the renter stopped paying at Stop).
 RELEASE_STUCK_AFTER_S = env_int("RELEASE_STUCK_AFTER_S", 300)

@@ -14,6 +14,7 @@ from rest_framework.views import exception_handler
 
 from hub.billing.money import format_micros
 from hub.leases.services import LeaseError, PriceChanged
+from hub.volumes.services import VolumeError
 
 
 def _flatten(errors: Any, path: str = "") -> list[str]:
@@ -47,7 +48,7 @@ def handle(exc: Exception, context: dict[str, Any]) -> Response | None:
             },
             status=status.HTTP_409_CONFLICT,
         )
-    if isinstance(exc, LeaseError):
+    if isinstance(exc, LeaseError | VolumeError):
         # The lease services' refusals are written for the renter already.
         return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
     response = exception_handler(exc, context)

@@ -16,6 +16,7 @@ from hub.catalog.offers import SORTS
 from hub.leases.models import Lease
 from hub.tunnels import services as tunnels
 from hub.tunnels.models import Tunnel
+from hub.volumes.models import Volume
 from supplier_agent.protocol import MAX_ENV_VARS, MAX_GPUS_PER_LEASE, MAX_PORTS
 
 
@@ -133,6 +134,13 @@ class TemplateSerializer(serializers.Serializer):
 # --- leases -------------------------------------------------------------------------------------
 
 
+class VolumeMountSerializer(serializers.Serializer):
+    volume_id = serializers.UUIDField(help_text="One of your volumes on the same host.")
+    path = serializers.CharField(
+        max_length=1024, help_text="An absolute folder in the container, e.g. `/data`."
+    )
+
+
 class LeaseCreateSerializer(serializers.Serializer):
     gpu_ids = serializers.ListField(
         child=serializers.IntegerField(min_value=1),
@@ -176,6 +184,12 @@ class LeaseCreateSerializer(serializers.Serializer):
         default=False,
         help_text="URLs need the lease's access token (POST /leases/{id}/access-token/).",
     )
+    volumes = VolumeMountSerializer(
+        many=True,
+        required=False,
+        max_length=4,
+        help_text="Your volumes on the chosen host to mount, each at its own path.",
+    )
     max_price_per_hour = serializers.DecimalField(
         required=False,
         max_digits=12,
@@ -202,6 +216,39 @@ class LeaseCreateSerializer(serializers.Serializer):
         if not attrs.get("template") and not attrs.get("image"):
             raise serializers.ValidationError("choose a `template` or give an `image`")
         return attrs
+
+
+class VolumeSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    name = serializers.CharField(source="label")
+    kind = serializers.ChoiceField(
+        choices=Volume.Kind.choices, help_text="`volume`: yours; `cache`: a template's cache."
+    )
+    host_id = serializers.IntegerField()
+    hostname = serializers.CharField(source="host.hostname")
+    state = serializers.ChoiceField(choices=Volume.State.choices)
+    removed_reason = serializers.ChoiceField(
+        choices=[("", ""), *Volume.Reason.choices],
+        help_text="Why it went: `deleted` (by you), `idle` (unused for the host's idle limit),"
+        " `disk_low` (the host ran short of disk; oldest volumes went first).",
+    )
+    removed_at = serializers.DateTimeField(allow_null=True)
+    size_cap_bytes = serializers.IntegerField(allow_null=True)
+    used_bytes = serializers.IntegerField(
+        allow_null=True, help_text="The host's last measurement (hourly); null until measured."
+    )
+    over_cap = serializers.BooleanField(
+        help_text="Holds more than its size: it mounts into no new rental until trimmed."
+    )
+    measured_at = serializers.DateTimeField(allow_null=True)
+    last_used_at = serializers.DateTimeField(allow_null=True)
+    created_at = serializers.DateTimeField()
+
+
+class VolumeCreateSerializer(serializers.Serializer):
+    host_id = serializers.IntegerField(min_value=1, help_text="The host it lives on.")
+    name = serializers.CharField(max_length=64)
+    size_gib = serializers.IntegerField(min_value=1, max_value=1 << 20)
 
 
 class LeaseGpuSerializer(serializers.Serializer):
@@ -235,6 +282,7 @@ class LeaseSerializer(serializers.Serializer):
     ports = serializers.ListField(child=serializers.IntegerField())
     command = serializers.ListField(child=serializers.CharField(), allow_null=True)
     access_protected = serializers.BooleanField()
+    volumes = serializers.SerializerMethodField()
     urls = LeaseUrlSerializer(source="tunnels.all", many=True, help_text="One per declared port.")
     warnings = serializers.ListField(child=serializers.CharField())
     price_per_hour_micros = serializers.IntegerField()
@@ -244,6 +292,15 @@ class LeaseSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
     running_since = serializers.DateTimeField(allow_null=True)
     ended_at = serializers.DateTimeField(allow_null=True)
+
+    @extend_schema_field(
+        serializers.ListField(child=serializers.DictField(child=serializers.CharField()))
+    )
+    def get_volumes(self, lease: Lease) -> list[dict[str, str]]:
+        """Mounted volumes as ``{"volume_id", "path"}``: wire names stay between hub and agent."""
+        mounts = {m["name"]: m["path"] for m in lease.volumes or []}
+        ids = dict(Volume.objects.filter(wire_name__in=list(mounts)).values_list("wire_name", "pk"))
+        return [{"volume_id": str(ids[n]), "path": p} for n, p in mounts.items() if n in ids]
 
 
 class LeaseLogsSerializer(serializers.Serializer):

@@ -20,6 +20,8 @@ v1 = [
         views.LeaseAccessToken.as_view(),
         name="lease-access-token",
     ),
+    path("volumes/", views.VolumeList.as_view(), name="volumes"),
+    path("volumes/<uuid:pk>/", views.VolumeDetail.as_view(), name="volume"),
     path("account/", views.Account.as_view(), name="account"),
     path("tokens/", views.ApiTokenList.as_view(), name="tokens"),
     path("tokens/<int:pk>/", views.ApiTokenDetail.as_view(), name="token"),

@@ -4,6 +4,7 @@ an id reveals nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from django.conf import settings
@@ -32,6 +33,8 @@ from hub.leases import services as leases
 from hub.leases.models import Lease
 from hub.suppliers.models import Gpu, Host
 from hub.tunnels import access
+from hub.volumes import services as volumes
+from hub.volumes.models import Volume
 
 GIB = 1 << 30
 LEDGER_ROWS = 20
@@ -221,6 +224,11 @@ class LeaseList(generics.GenericAPIView):
             command=data.get("command"),
             access_protected=data["access_protected"],
         )
+        if data.get("volumes"):
+            mounts = volumes.mounts_for_lease(
+                request.user, host, [(m["volume_id"], m["path"]) for m in data["volumes"]]
+            )
+            spec = dataclasses.replace(spec, volumes=volumes.wire_mounts(mounts))
         max_price = data.get("max_price_per_hour")
         lease = leases.start_lease(
             request.user,
@@ -268,7 +276,7 @@ class LeaseStop(APIView):
     required_scopes = {"POST": ApiScope.LEASES}
 
     @extend_schema(
-        summary="Stop a lease (the container is removed; billing stops when it has ended)",
+        summary="Stop a lease (billing stops now; the host then removes the container)",
         request=None,
         responses={200: s.LeaseSerializer, **AUTH_ONLY, **NOT_FOUND},
     )
@@ -344,3 +352,65 @@ def _valid(serializer_class: type[Any], data: Any) -> dict[str, Any]:
     serializer = serializer_class(data=data)
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data
+
+
+# --- volumes --------------------------------------------------------------------------------
+
+
+def _renters_volumes(request: Request) -> QuerySet[Volume]:
+    return Volume.objects.filter(renter=request.user).select_related("host")
+
+
+class VolumeList(APIView):
+    required_scopes = {"GET": ApiScope.READ, "POST": ApiScope.LEASES}
+
+    @extend_schema(
+        summary="Your volumes and template caches, newest first (removed ones say why)",
+        responses={200: s.VolumeSerializer(many=True), **AUTH_ONLY},
+    )
+    def get(self, request: Request) -> Response:
+        return Response(s.VolumeSerializer(_renters_volumes(request)[:500], many=True).data)
+
+    @extend_schema(
+        summary="Create a volume on a host (it takes space there once a rental mounts it)",
+        description=(
+            "Mount it with `volumes` when you rent GPUs of that host. Its size is checked by"
+            " the host's hourly measurement: a volume over its size mounts into no new rental."
+            " Volumes unused for the host's idle limit (14 days by default), or the oldest when"
+            " the host's disk runs low, are removed; their `removed_reason` says so."
+        ),
+        request=s.VolumeCreateSerializer,
+        responses={201: s.VolumeSerializer, **ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        data = _valid(s.VolumeCreateSerializer, request.data)
+        host = Host.objects.filter(pk=data["host_id"]).first()
+        if host is None:
+            raise ValidationError({"host_id": [f"no host with id {data['host_id']}"]})
+        volume = volumes.create_volume(request.user, host, data["name"], data["size_gib"])
+        return Response(
+            s.VolumeSerializer(_renters_volumes(request).get(pk=volume.pk)).data,
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class VolumeDetail(APIView):
+    required_scopes = {"GET": ApiScope.READ, "DELETE": ApiScope.LEASES}
+
+    @extend_schema(
+        summary="One volume: size, usage, state",
+        responses={200: s.VolumeSerializer, **AUTH_ONLY, **NOT_FOUND},
+    )
+    def get(self, request: Request, pk: str) -> Response:
+        return Response(
+            s.VolumeSerializer(get_object_or_404(_renters_volumes(request), pk=pk)).data
+        )
+
+    @extend_schema(
+        summary="Delete a volume and its files (refused while a rental of yours mounts it)",
+        responses={200: s.VolumeSerializer, **ERRORS, **NOT_FOUND},
+    )
+    def delete(self, request: Request, pk: str) -> Response:
+        volume = get_object_or_404(_renters_volumes(request), pk=pk)
+        volumes.delete_volume(request.user, volume.pk)
+        return Response(s.VolumeSerializer(_renters_volumes(request).get(pk=volume.pk)).data)

@@ -60,6 +60,8 @@ class Lease(models.Model):
     entrypoint = models.JSONField(null=True, blank=True)
     user = models.CharField(max_length=64, blank=True)
     cache_volume = models.JSONField(null=True, blank=True)
+    # The renter's own volumes it mounts: [{"name": "vol-…", "path": "/data", "size_bytes": n}].
+    volumes = models.JSONField(default=list, blank=True)
     warmup = models.JSONField(null=True, blank=True)
     # The renter's choice: its tunnel URLs need the lease's access token (hub/tunnels/access.py).
     access_protected = models.BooleanField(default=False)

@@ -59,6 +59,8 @@ class LeaseSpec:
     entrypoint: list[str] | None = None
     user: str = ""
     cache_volume: dict[str, str] | None = None
+    # Wire mounts of the renter's volumes (hub/volumes/services.py wire_mounts), checked there.
+    volumes: list[dict[str, Any]] = field(default_factory=list)
     warmup: list[str] | None = None
     # Tunnel URLs need the lease's access token, not just the address.
     access_protected: bool = False
@@ -105,6 +107,8 @@ def _docker_run_fields(lease: Lease) -> dict[str, Any]:
     for name in ("command", "entrypoint", "cache_volume", "warmup"):
         if getattr(lease, name) is not None:
             fields[name] = getattr(lease, name)
+    if lease.volumes:
+        fields["volumes"] = lease.volumes
     if lease.user:
         fields["user"] = lease.user
     tunnel = tunnels.docker_run_spec(lease)
@@ -185,12 +189,20 @@ def start_lease(
                 entrypoint=spec.entrypoint,
                 user=spec.user,
                 cache_volume=cache_volumes.for_renter(renter.pk, spec.cache_volume),
+                volumes=list(spec.volumes),
                 warmup=spec.warmup,
                 access_protected=spec.access_protected,
                 price_per_hour_micros=price_per_hour_micros,
                 platform_fee_bps=settings.PLATFORM_FEE_BPS,
                 stop_at=timezone.now() + spec.stop_after if spec.stop_after else None,
             )
+            # Imported here: hub/volumes builds on leases, not the other way round.
+            from hub.volumes.services import VolumeError, note_mounted
+
+            try:
+                note_mounted(lease, timezone.now())
+            except VolumeError as exc:
+                raise LeaseError(str(exc)) from None
             if tunnels.enabled():
                 tunnels.allocate(lease)
             LeaseGpu.objects.bulk_create([LeaseGpu(lease=lease, gpu=gpu) for gpu in gpus])

@@ -20,6 +20,7 @@ from hub.leases import logs as lease_logs
 from hub.leases import services as lease_services
 from hub.suppliers import heartbeat_batch, services
 from hub.tunnels import services as tunnel_services
+from hub.volumes import services as volume_services
 from supplier_agent.protocol import (
     AGENT_TO_HUB,
     CLOSE_UNSUPPORTED_PROTOCOL,
@@ -34,6 +35,7 @@ from supplier_agent.protocol import (
     Register,
     TunnelState,
     UnsupportedVersion,
+    VolumeReport,
     Welcome,
     encode,
     parse_message,
@@ -255,6 +257,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await _db(lease_services.record_container_exit)(self.host_id, message)
         elif isinstance(message, TunnelState):
             await _db(tunnel_services.record_state)(self.host_id, message)
+        elif isinstance(message, VolumeReport):
+            await _db(volume_services.apply_report)(self.host_id, message)
         elif isinstance(message, (Pong, Error)):
             log.info("agent on host %s says %s", self.host_id, message.TYPE)
 
@@ -276,6 +280,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 prepull_images=registered.prepull_images,
             )
         )
+        # Deletes the agent has not confirmed (it was away, or the frame was lost): again.
+        for frame in await _db(volume_services.pending_deletes)(registered.host_id):
+            await self._send(frame)
 
     async def _heartbeat(self, message: Heartbeat) -> None:
         assert self.host_id is not None

@@ -9,15 +9,20 @@ from decimal import Decimal
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import get_user_model
 from django.contrib.auth.forms import AuthenticationForm, UserCreationForm
+from django.core.validators import MaxValueValidator
+from django.db.models import QuerySet
 
 from hub.accounts.models import DEFAULT_API_SCOPES, ApiScope
 from hub.billing.money import micros_from_units
 from hub.catalog.models import Template
 from hub.catalog.services import lease_spec
 from hub.leases.services import LeaseError, LeaseSpec
+from hub.suppliers.models import Host
+from hub.volumes.models import Volume
 from hub.web import ratelimit
 
 GIB = 1 << 30
@@ -137,10 +142,32 @@ class RentForm(forms.Form):
         label="Protect the URLs with an access token",
         help_text="The token is shown once, on the rental's page.",
     )
+    volume = forms.ModelChoiceField(
+        queryset=Volume.objects.none(),
+        required=False,
+        empty_label="None",
+        label="Mount one of your volumes",
+        help_text="Your volumes on this host (create them on the Volumes page).",
+    )
+    volume_path = forms.CharField(
+        required=False,
+        max_length=1024,
+        initial="/data",
+        label="At",
+        help_text="A folder in the container, e.g. /data.",
+    )
     # The price the renter saw (a hidden field of the rent page): the most they agreed to pay.
     seen_price_micros = forms.IntegerField(
         min_value=0, widget=forms.HiddenInput, error_messages={"required": "Reload the page."}
     )
+
+    def __init__(self, *args: Any, volumes: QuerySet[Volume] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if volumes is not None:
+            self.fields["volume"].queryset = volumes  # type: ignore[attr-defined]
+            self.fields["volume"].label_from_instance = (  # type: ignore[attr-defined]
+                lambda v: f"{v.label} ({v.size_cap_bytes // GIB} GiB)"
+            )
 
     def clean_ports(self) -> list[Any] | None:
         text = self.cleaned_data["ports"].strip()
@@ -265,3 +292,15 @@ class ApiTokenForm(TokenForm):
             "required": "Choose at least one scope: a token without any can do nothing."
         },
     )
+
+
+class VolumeForm(forms.Form):
+    host = forms.ModelChoiceField(queryset=Host.objects.none(), empty_label=None)
+    name = forms.CharField(max_length=64, help_text="e.g. models, datasets")
+    size_gib = forms.IntegerField(min_value=1, label="Size (GiB)", initial=100)
+
+    def __init__(self, *args: Any, hosts: QuerySet[Host], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["host"].queryset = hosts  # type: ignore[attr-defined]
+        self.fields["size_gib"].max_value = settings.VOLUME_MAX_GIB
+        self.fields["size_gib"].validators.append(MaxValueValidator(settings.VOLUME_MAX_GIB))

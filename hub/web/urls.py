@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib.auth.views import LogoutView
 from django.urls import path
 
-from hub.web.views import accounts, api_tokens, renter, supplier
+from hub.web.views import accounts, api_tokens, renter, supplier, volumes
 
 app_name = "web"
 
@@ -23,6 +23,8 @@ urlpatterns = [
         name="lease-access-token",
     ),
     path("usage/", renter.usage, name="usage"),
+    path("volumes/", volumes.volume_list, name="volumes"),
+    path("volumes/<uuid:volume_id>/delete/", volumes.volume_delete, name="volume-delete"),
     path("account/api-tokens/", api_tokens.api_tokens, name="api-tokens"),
     path(
         "account/api-tokens/<int:token_id>/revoke/",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from django.contrib import messages
@@ -21,6 +22,8 @@ from hub.leases.models import Lease
 from hub.suppliers.models import Gpu, Host
 from hub.tunnels import access
 from hub.tunnels import services as tunnels
+from hub.volumes import services as volumes
+from hub.volumes.models import Volume
 from hub.web.forms import OfferFilterForm, RentForm
 
 
@@ -47,22 +50,32 @@ def _rentable(gpu_id: int) -> Gpu:
 @require_http_methods(["GET", "POST"])
 def rent(request: HttpRequest, gpu_id: int) -> HttpResponse:
     gpu = _rentable(gpu_id)
-    form = RentForm(request.POST or None)
+    own_volumes = Volume.objects.filter(
+        renter=request.user, host=gpu.host, kind=Volume.Kind.VOLUME, state=Volume.State.ACTIVE
+    )
+    form = RentForm(request.POST or None, volumes=own_volumes)
     status = 200
     if request.method == "POST":
         if form.is_valid():
             try:
+                spec = form.spec
+                if form.cleaned_data.get("volume"):
+                    path = form.cleaned_data.get("volume_path") or "/data"
+                    mounts = volumes.mounts_for_lease(
+                        request.user, gpu.host, [(form.cleaned_data["volume"].pk, path)]
+                    )
+                    spec = dataclasses.replace(spec, volumes=volumes.wire_mounts(mounts))
                 lease = leases.start_lease(
                     request.user,
                     gpu.host,
                     [gpu.index],
-                    form.spec,
+                    spec,
                     max_price_per_hour_micros=form.cleaned_data["seen_price_micros"],
                 )
             except leases.PriceChanged as exc:
                 form.add_error(None, _sentence(str(exc)))
                 gpu.price_per_hour_micros = exc.price_per_hour_micros
-            except leases.LeaseError as exc:
+            except (leases.LeaseError, volumes.VolumeError) as exc:
                 form.add_error(None, _sentence(str(exc)))
             else:
                 messages.success(request, "Rental started. It is being set up on the host.")
@@ -140,7 +153,9 @@ def lease_stop(request: HttpRequest, lease_id: Any) -> HttpResponse:
         Lease.State.RUNNING,
     ):
         leases.release_lease(lease.pk, Lease.EndReason.RENTER_STOP)
-        messages.success(request, "Stopping your rental. Billing stops when the host confirms.")
+        messages.success(
+            request, "Stopping your rental. Billing has stopped; the host is removing it."
+        )
     else:
         messages.info(request, "This rental is already stopping or over.")
     return redirect("web:lease", lease_id=lease.pk)

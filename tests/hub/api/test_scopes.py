@@ -114,8 +114,17 @@ def lease(renter: User, host: Host) -> Lease:
     return f.start_lease(host, [0], renter=renter, access_protected=True)
 
 
+def _volume_of(lease: Lease) -> Any:
+    from hub.volumes.services import create_volume
+
+    volume = lease.renter.volumes.filter(label="scoped").first()
+    return volume or create_volume(lease.renter, lease.host, "scoped", 1)
+
+
 def concrete(name: str, converters: dict[str, Any], lease: Lease, token: ApiToken) -> str:
-    values = {"uuid": lease.pk, "int": token.pk, "slug": "pytorch-jupyterlab"}
+    # Each uuid route names its own kind of object: a lease's, or a volume's.
+    uuid = _volume_of(lease).pk if name == "api:volume" else lease.pk
+    values = {"uuid": uuid, "int": token.pk, "slug": "pytorch-jupyterlab"}
     kwargs = {
         key: values[type(c).__name__.removesuffix("Converter").lower()]
         for key, c in converters.items()
