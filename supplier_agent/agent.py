@@ -47,6 +47,7 @@ from supplier_agent.protocol import (
     Reserve,
     TunnelSpec,
     TunnelState,
+    VolumeDelete,
     Welcome,
     encode,
     parse_message,
@@ -259,6 +260,8 @@ class Agent:
             log.info("connected to the hub as host %s", welcome.host_id)
             self.connected.set()
             await self._apply_welcome(welcome)
+            # Every (re)connect: the hub may have missed removals while we were apart.
+            self._spawn(self._report_volumes(measure=True))
             # The hub may have restarted and lost what it knew of our tunnels: tell it again.
             for tunnel_state in self.tunnels.current_states():
                 self._outbox.put_nowait(tunnel_state)
@@ -321,6 +324,8 @@ class Agent:
                 self._spawn(self._handle_command(ws, message))
             elif isinstance(message, Logs):
                 await self._follow_logs(ws, message)
+            elif isinstance(message, VolumeDelete):
+                self._spawn(self._delete_volume(message.name))
             elif isinstance(message, Welcome):
                 await self._apply_welcome(message)
             elif isinstance(message, Error):
@@ -375,7 +380,8 @@ class Agent:
                     await self._release_locally(claim.lease_id)
 
     async def _housekeeping_loop(self, stop: asyncio.Event) -> None:
-        """Idle renters' caches removed (volumes.py): soon after start, then hourly."""
+        """Idle renters' volumes removed (volumes.py), soon after start, then hourly, and the
+        hub told what is left and what went."""
         delay = HOUSEKEEPING_FIRST_S
         while not stop.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
@@ -386,7 +392,29 @@ class Agent:
                 await self.runtime.housekeeping()
             except Exception:
                 log.exception("housekeeping failed")
+            # Disconnected, it would only queue up: the next welcome brings a fresh report.
+            if self.connected.is_set():
+                await self._report_volumes(measure=True)
             delay = HOUSEKEEPING_EVERY_S
+
+    async def _report_volumes(self, *, measure: bool) -> None:
+        try:
+            reports = await self.runtime.volume_reports(measure=measure)
+        except Exception:
+            log.exception("reporting volumes failed")
+            return
+        for report in reports:
+            self._outbox.put_nowait(report)
+
+    async def _delete_volume(self, name: str) -> None:
+        # Only once it is gone: the report's removal is what the hub waits for. One still
+        # mounted goes when its lease is released (or at the next sweep), and is reported then.
+        if await self.runtime.delete_volume(name):
+            await self._report_volumes(measure=False)
+
+    async def _delete_freed_volumes(self) -> None:
+        if await self.runtime.delete_pending_volumes():
+            await self._report_volumes(measure=False)
 
     def _note_exit(self, message: ContainerExited) -> None:
         self._pending_exits[message.lease_id] = message
@@ -523,6 +551,7 @@ class Agent:
         warnings = await self.runtime.release(command.lease_id, claim)
         self.state.drop_claim(command.lease_id)
         self._pending_exits.pop(command.lease_id, None)
+        self._spawn(self._delete_freed_volumes())
         return {"warnings": warnings}
 
     async def _release_locally(self, lease_id: str) -> None:
@@ -537,6 +566,7 @@ class Agent:
                 log.exception("releasing lease %s failed; will retry on next start", lease_id)
                 return
             self.state.drop_claim(lease_id)
+        await self._delete_freed_volumes()
 
 
 def _fit(text: str, limit: int = MAX_ERROR_CHARS) -> str:

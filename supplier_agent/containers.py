@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import functools
 import logging
 import shlex
@@ -41,6 +42,9 @@ LABEL_LEASE = "cloudgpu.lease"
 LABEL_PORTS = "cloudgpu.ports"
 LABEL_GPUS = "cloudgpu.gpus"
 LABEL_CACHE = "cloudgpu.cache"
+# A volume a renter made (issue 13): its wire name (vol-<40 hex>), and the cap it was made with.
+LABEL_VOLUME = "cloudgpu.volume"
+LABEL_VOLUME_CAP = "cloudgpu.volume.size_bytes"
 LEGACY_SHARED_CACHE_PREFIX = "template-"
 LABEL_NETWORK = "cloudgpu.network"
 # Every lease's container sits on this bridge, which drops traffic between its containers:
@@ -365,6 +369,8 @@ class ContainerRuntime:
             if spec.cache_volume is not None:
                 cache = {"name": spec.cache_volume.name, "path": spec.cache_volume.path}
                 protocol.CacheVolume.parse(cache, "cache_volume")
+            volumes = [dataclasses.asdict(volume) for volume in spec.volumes]
+            protocol.validate_volumes(volumes, spec.cache_volume, "volumes")
         except ProtocolError as exc:
             raise ContainerError(f"refusing to run lease {spec.lease_id}: {exc}") from None
         if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in gpu_indices):
@@ -379,6 +385,9 @@ class ContainerRuntime:
         if spec.cache_volume is not None:
             volume = self._cache_volume(spec.cache_volume.name)
             mounts.append(Mount(target=spec.cache_volume.path, source=volume, type="volume"))
+        for renter_volume in spec.volumes:
+            volume = self._renter_volume(renter_volume)
+            mounts.append(Mount(target=renter_volume.path, source=volume, type="volume"))
         devices = None
         # Set explicitly, over whatever the image says (CUDA images say "all"): where the NVIDIA
         # runtime is dockerd's default, that variable alone hands a container every GPU of the
@@ -445,6 +454,22 @@ class ContainerRuntime:
         # The local driver's "device" option makes a named volume a host bind mount in disguise.
         if "device" in (volume.attrs.get("Options") or {}):
             raise ContainerError(f"volume {volume_name} is a host bind mount; refusing to mount it")
+        return volume_name
+
+    def _renter_volume(self, spec: protocol.RenterVolume) -> str:
+        volume_name = renter_volume_name(spec.name)
+        try:
+            volume = self.client.volumes.get(volume_name)
+        except NotFound:
+            labels = {LABEL_VOLUME: spec.name}
+            if spec.size_bytes is not None:
+                labels[LABEL_VOLUME_CAP] = str(spec.size_bytes)
+            volume = self.client.volumes.create(volume_name, labels=labels)
+        # Not one we made for this renter volume (a supplier's own of that name): never mount it.
+        if (volume.attrs.get("Labels") or {}).get(LABEL_VOLUME) != spec.name:
+            raise ContainerError(f"volume {spec.name} on this host is not a renter volume")
+        if "device" in (volume.attrs.get("Options") or {}):
+            raise ContainerError(f"volume {spec.name} is a host bind mount; refusing to mount it")
         return volume_name
 
     @_engine_errors
@@ -613,6 +638,11 @@ def _pull_error(ref: str, detail: str) -> ContainerError:
 def cache_volume_name(name: str) -> str:
     """The Docker volume behind a lease's ``cache_volume.name``."""
     return f"cloudgpu-cache-{name}"
+
+
+def renter_volume_name(name: str) -> str:
+    """The Docker volume behind a renter volume's wire name (``vol-<40 hex>``)."""
+    return f"cloudgpu-{name}"
 
 
 def bridge_interface(network: dict[str, Any]) -> str:

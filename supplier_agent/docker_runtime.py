@@ -10,6 +10,7 @@ import os
 import threading
 from collections.abc import Iterable
 
+import requests
 from docker.errors import DockerException, NotFound
 from docker.types.daemon import CancellableStream
 
@@ -20,10 +21,10 @@ from supplier_agent.containers import ContainerError, ContainerRuntime, cache_vo
 from supplier_agent.egress import EgressPolicy
 from supplier_agent.gpu import Nvml
 from supplier_agent.logs import LogSink
-from supplier_agent.protocol import DockerRun, GpuState
+from supplier_agent.protocol import DockerRun, GpuState, VolumeReport
 from supplier_agent.runtime import CommandFailed, ExitReport, ReserveOutcome, RunOutcome
 from supplier_agent.state import Claim
-from supplier_agent.volumes import CacheJanitor
+from supplier_agent.volumes import VolumeJanitor
 
 log = logging.getLogger("cloudgpu.agent.docker")
 
@@ -51,7 +52,7 @@ class DockerRuntime:
             egress=EgressPolicy(config.allow_networks),
             toolkit_risk_accepted=config.accept_container_escape_risk,
         )
-        self.janitor = CacheJanitor(
+        self.janitor = VolumeJanitor(
             self.containers.client,
             config.state_dir,
             idle_days=config.volume_idle_days,
@@ -104,6 +105,12 @@ class DockerRuntime:
 
     async def start(self, command: DockerRun, claim: Claim) -> RunOutcome:
         uuids = [self.nvml.uuid_for_index(i) for i in claim.gpu_indices]
+        if command.volumes:
+            refusal = await asyncio.to_thread(self.janitor.refusal, command.volumes)
+            if refusal is not None:
+                raise CommandFailed(refusal)
+            # Before the container: a sweep meanwhile must not take these for idle ones.
+            await asyncio.to_thread(self.janitor.note_run, command.volumes)
         try:
             result = await asyncio.to_thread(
                 self.containers.run,
@@ -243,8 +250,35 @@ class DockerRuntime:
     async def housekeeping(self) -> None:
         try:
             await asyncio.to_thread(self.janitor.sweep)
-        except (DockerException, OSError) as exc:
-            log.warning("cache volume housekeeping failed: %s", exc)
+        except (DockerException, OSError, requests.RequestException) as exc:
+            log.warning("volume housekeeping failed: %s", exc)
+
+    async def volume_reports(self, *, measure: bool) -> list[VolumeReport]:
+        def report() -> list[VolumeReport]:
+            if measure:
+                self.janitor.measure()
+            return self.janitor.reports()
+
+        try:
+            return await asyncio.to_thread(report)
+        except (DockerException, OSError, requests.RequestException) as exc:
+            log.warning("cannot report volumes: %s", exc)
+            return []
+
+    async def delete_volume(self, name: str) -> bool:
+        try:
+            return await asyncio.to_thread(self.janitor.delete, name)
+        except (DockerException, OSError, requests.RequestException) as exc:
+            # It stays on the list: the next sweep tries again.
+            log.warning("deleting volume %s failed: %s", name, exc)
+            return False
+
+    async def delete_pending_volumes(self) -> bool:
+        try:
+            return await asyncio.to_thread(self.janitor.delete_pending)
+        except (DockerException, OSError, requests.RequestException) as exc:
+            log.warning("deleting volumes failed: %s", exc)
+            return False
 
     async def close(self) -> None:
         await asyncio.to_thread(self.containers.close)

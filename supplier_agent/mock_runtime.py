@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import uuid
 from collections.abc import Iterable
 
 from supplier_agent.logs import LogSink
-from supplier_agent.protocol import DockerRun, GpuState
+from supplier_agent.protocol import DockerRun, GpuState, VolumeRemoval, VolumeReport
 from supplier_agent.runtime import CommandFailed, ExitReport, ReserveOutcome, RunOutcome
 from supplier_agent.state import Claim
 
@@ -18,6 +19,8 @@ MOCK_GPU_NAME = "NVIDIA GeForce RTX 4090"
 MOCK_GPU_MEMORY = 24 * 1024**3
 MOCK_PORT_BASE = 20000
 MOCK_LOG_INTERVAL_S = 1.0
+# The newest deletes answered in every report: what one frame holds (the real agent keeps 7 days).
+MOCK_REMOVALS_KEPT = 300
 
 
 class MockRuntime:
@@ -26,6 +29,8 @@ class MockRuntime:
     def __init__(self, agent_id: str) -> None:
         self._uuid = f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'cloudgpu-mock:{agent_id}')}"
         self._held: dict[str, tuple[int, ...]] = {}
+        # Volumes the hub deleted: answered as removed, so the hub's side of a delete finishes.
+        self._removed: dict[str, VolumeRemoval] = {}
 
     async def gpus(self) -> list[GpuState]:
         return [
@@ -87,6 +92,18 @@ class MockRuntime:
 
     async def housekeeping(self) -> None:
         return None
+
+    async def volume_reports(self, *, measure: bool) -> list[VolumeReport]:
+        return [VolumeReport(removed=tuple(self._removed.values()))]
+
+    async def delete_volume(self, name: str) -> bool:
+        self._removed.setdefault(name, VolumeRemoval(name=name, reason="deleted", at=time.time()))
+        while len(self._removed) > MOCK_REMOVALS_KEPT:
+            del self._removed[next(iter(self._removed))]
+        return True
+
+    async def delete_pending_volumes(self) -> bool:
+        return False
 
     async def close(self) -> None:
         return None

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from supplier_agent.protocol import DockerRun, GpuState
+from supplier_agent.protocol import DockerRun, GpuState, VolumeReport
 from supplier_agent.state import Claim
 
 # (lease_id, exit_code, log_tail) for a container that stopped on its own.
@@ -69,6 +69,19 @@ class Runtime(Protocol):
 
     async def housekeeping(self) -> None:
         """Now and then (the agent calls it hourly): tidy what rentals leave on the host."""
+        ...
+
+    async def volume_reports(self, *, measure: bool) -> list[VolumeReport]:
+        """The renters' volumes and recent removals, in frames that fit (``measure``: size them
+        first, which is slow); empty when they cannot be read."""
+        ...
+
+    async def delete_volume(self, name: str) -> bool:
+        """The hub's ``volume_delete``: True once removed (or unknown), False while in use."""
+        ...
+
+    async def delete_pending_volumes(self) -> bool:
+        """Remove deleted volumes that have come free (after a release); whether any went."""
         ...
 
     async def close(self) -> None: ...

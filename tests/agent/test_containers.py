@@ -27,7 +27,7 @@ from supplier_agent.containers import (
     nvidia_runtime_available,
 )
 from supplier_agent.limits import HostResources, Reserve, nofile_limit
-from supplier_agent.protocol import CacheVolume, DockerRun
+from supplier_agent.protocol import CacheVolume, DockerRun, RenterVolume
 from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.docker
@@ -548,6 +548,77 @@ def test_remove_is_idempotent_and_keeps_the_cache_volume(
     assert runtime.find(spec.lease_id) is None
     volume = docker_client.volumes.get(f"cloudgpu-cache-{_cache_name(agent_id)}")
     assert volume.attrs["Labels"] == {"cloudgpu.cache": _cache_name(agent_id)}
+
+
+@pytest.fixture
+def renter_volume(docker_client: Any) -> Iterator[str]:
+    """A fresh renter volume's wire name; its Docker volume is removed after the test."""
+    name = f"vol-{uuid.uuid4().hex}{uuid.uuid4().hex[:8]}"
+    yield name
+    for container in docker_client.containers.list(
+        all=True, filters={"volume": f"cloudgpu-{name}"}
+    ):
+        container.remove(force=True)
+    with contextlib.suppress(NotFound):
+        docker_client.volumes.get(f"cloudgpu-{name}").remove(force=True)
+
+
+def test_a_renter_volume_keeps_its_files_for_the_next_lease(
+    runtime: ContainerRuntime,
+    make_spec: SpecFactory,
+    agent_id: str,
+    docker_client: Any,
+    renter_volume: str,
+) -> None:
+    volumes = (RenterVolume(renter_volume, "/data", 10 * 2**30),)
+    marker = uuid.uuid4().hex
+    first = make_spec(
+        volumes=volumes,
+        command=("sh", "-c", f"echo {marker} > /data/kept && " + HTTPD.format(marker="a")),
+    )
+    runtime.run(first, [0], agent_id=agent_id, ready_timeout_s=30)
+    runtime.remove(first.lease_id)
+    # The second lease serves what the first left: a missing file would fail its start.
+    second = make_spec(
+        volumes=volumes,
+        command=(
+            "sh",
+            "-c",
+            "mkdir -p /www && cp /data/kept /www/index.html && httpd -f -p 8080 -h /www",
+        ),
+    )
+
+    result = runtime.run(second, [0], agent_id=agent_id, ready_timeout_s=30)
+
+    assert httpx.get(f"http://127.0.0.1:{result.ports[8080]}/", timeout=10).text.strip() == marker
+    volume = docker_client.volumes.get(f"cloudgpu-{renter_volume}")
+    assert volume.attrs["Labels"] == {
+        "cloudgpu.volume": renter_volume,
+        "cloudgpu.volume.size_bytes": str(10 * 2**30),
+    }
+    mounts = docker_client.api.inspect_container(result.container_id)["Mounts"]
+    assert sorted((m["Type"], m["Name"], m["Destination"]) for m in mounts) == [
+        ("volume", f"cloudgpu-cache-{_cache_name(agent_id)}", "/cache"),
+        ("volume", f"cloudgpu-{renter_volume}", "/data"),
+    ]
+
+
+def test_a_volume_of_that_name_not_made_for_a_renter_is_never_mounted(
+    runtime: ContainerRuntime,
+    make_spec: SpecFactory,
+    agent_id: str,
+    docker_client: Any,
+    renter_volume: str,
+) -> None:
+    docker_client.volumes.create(f"cloudgpu-{renter_volume}")
+
+    with pytest.raises(ContainerError, match="is not a renter volume"):
+        runtime.run(
+            make_spec(volumes=(RenterVolume(renter_volume, "/data"),)),
+            [0],
+            agent_id=agent_id,
+            ready_timeout_s=30,
+        )
 
 
 def test_list_claimed_rebuilds_the_view_from_labels(
