@@ -254,11 +254,14 @@ X_FRAME_OPTIONS = "DENY"
 CONTENT_SECURITY_POLICY = env_str("CONTENT_SECURITY_POLICY", csp.DEFAULT_POLICY)
 
 # --- Channels and Celery share one Redis; Redis holds nothing that cannot be lost -------------
+# The start of every Redis key the hub, its channel layer, its cache and Celery's broker write,
+# so that two hubs can share one Redis (hub/lib/redis_keys.py).
+REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "cloudgpu")
 CHANNEL_LAYERS = {
     "default": {
         # channels_redis's, with a receive that waits out a Redis outage (hub/lib/channel_layer.py).
         "BACKEND": "hub.lib.channel_layer.ResilientRedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("CHANNELS_PREFIX", "cloudgpu")},
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("CHANNELS_PREFIX", REDIS_KEY_PREFIX)},
     },
 }
 
@@ -273,7 +276,11 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # A task that is not acked within this window is redelivered; no countdown may exceed it.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600)}
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT", 3600),
+    # Queues, unacked sets and bindings under the hub's prefix too (kombu's Redis transport).
+    "global_keyprefix": f"{REDIS_KEY_PREFIX}:celery:",
+}
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -379,7 +386,7 @@ CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
-        "KEY_PREFIX": env_str("CACHE_PREFIX", "cloudgpu"),
+        "KEY_PREFIX": env_str("CACHE_PREFIX", REDIS_KEY_PREFIX),
     }
 }
 # Failed logins allowed per username and client address in LOGIN_RATE_WINDOW_S.

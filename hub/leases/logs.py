@@ -15,6 +15,7 @@ from typing import Any
 from channels.layers import get_channel_layer
 
 from hub.leases.models import Lease
+from hub.lib import redis_keys
 from hub.suppliers import liveness
 from supplier_agent.protocol import LogChunk
 
@@ -29,7 +30,7 @@ def group_name(lease_id: str) -> str:
 
 
 def backlog_key(lease_id: str) -> str:
-    return f"cloudgpu:lease-logs:{lease_id}"
+    return redis_keys.key("lease-logs", str(lease_id))
 
 
 def lease_on_host(lease_id: str, host_id: int) -> bool:

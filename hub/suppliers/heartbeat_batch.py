@@ -9,7 +9,7 @@ Quiet, that is the same one round trip as before; under load it is one connectio
 pipelines a second instead of thousands of commands (docs/benchmarks.md).
 
 Telemetry due for Postgres (on change, or every HOST_STATS_WRITE_INTERVAL_S) waits in the hash
-``PENDING_KEY``, newest per host, until ``take_pending`` hands it to the flush task.
+``pending_key()``, newest per host, until ``take_pending`` hands it to the flush task.
 """
 
 from __future__ import annotations
@@ -21,9 +21,12 @@ from collections.abc import Mapping
 
 from channels.layers import get_channel_layer
 
+from hub.lib import redis_keys
 from hub.suppliers import liveness
 
-PENDING_KEY = "cloudgpu:host-telemetry-pending"
+
+def pending_key() -> str:
+    return redis_keys.key("host-telemetry-pending")
 
 
 def pending_entry(frame: str, at: float) -> str:
@@ -61,9 +64,9 @@ class _GroupCommit:
                 # and it is closed with its loop. One writer at a time: one connection.
                 connection = get_channel_layer().connection(0)
                 async with connection.pipeline(transaction=False) as pipe:
-                    pipe.zadd(liveness.LIVENESS_KEY, deadlines)
+                    pipe.zadd(liveness.liveness_key(), deadlines)
                     if pending:
-                        pipe.hset(PENDING_KEY, mapping=pending)
+                        pipe.hset(pending_key(), mapping=pending)
                     await pipe.execute()
             except Exception as exc:  # every waiter learns it; the caller decides
                 for waiter in waiters:
@@ -97,8 +100,8 @@ def take_pending() -> dict[int, str]:
     """Every host's pending telemetry, removed from Redis atomically: what arrives meanwhile
     waits for the next flush."""
     pipe = liveness.sync_client().pipeline(transaction=True)
-    pipe.hgetall(PENDING_KEY)
-    pipe.delete(PENDING_KEY)
+    pipe.hgetall(pending_key())
+    pipe.delete(pending_key())
     entries, _ = pipe.execute()
     return {int(host): value.decode() for host, value in entries.items()}
 
@@ -109,5 +112,5 @@ def give_back(entries: Mapping[int, str]) -> None:
         return
     pipe = liveness.sync_client().pipeline(transaction=False)
     for host_id, value in entries.items():
-        pipe.hsetnx(PENDING_KEY, str(host_id), value)
+        pipe.hsetnx(pending_key(), str(host_id), value)
     pipe.execute()

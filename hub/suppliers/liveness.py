@@ -20,9 +20,20 @@ from __future__ import annotations
 import redis
 from django.conf import settings
 
-LIVENESS_KEY = "cloudgpu:host-liveness"
-SWEEP_MARK_KEY = "cloudgpu:sweep-mark"
-SWEEP_HOLD_KEY = "cloudgpu:sweep-hold-until"
+from hub.lib import redis_keys
+
+
+def liveness_key() -> str:
+    return redis_keys.key("host-liveness")
+
+
+def sweep_mark_key() -> str:
+    return redis_keys.key("sweep-mark")
+
+
+def sweep_hold_key() -> str:
+    return redis_keys.key("sweep-hold-until")
+
 
 _sync_client: redis.Redis | None = None
 
@@ -35,17 +46,17 @@ def sync_client() -> redis.Redis:
 
 
 def deadline_of(host_id: int) -> float | None:
-    score = sync_client().zscore(LIVENESS_KEY, str(host_id))
+    score = sync_client().zscore(liveness_key(), str(host_id))
     return None if score is None else float(score)
 
 
 def overdue(now: float, limit: int) -> list[int]:
-    members = sync_client().zrangebyscore(LIVENESS_KEY, "-inf", now, start=0, num=limit)
+    members = sync_client().zrangebyscore(liveness_key(), "-inf", now, start=0, num=limit)
     return [int(member) for member in members]
 
 
 def forget(host_id: int) -> None:
-    sync_client().zrem(LIVENESS_KEY, str(host_id))
+    sync_client().zrem(liveness_key(), str(host_id))
 
 
 # Remove a member only if its deadline is still past: a heartbeat that landed between the
@@ -60,14 +71,14 @@ return 0
 
 
 def forget_if_overdue(host_id: int, now: float) -> bool:
-    return bool(sync_client().eval(_FORGET_IF_OVERDUE, 1, LIVENESS_KEY, str(host_id), repr(now)))
+    return bool(sync_client().eval(_FORGET_IF_OVERDUE, 1, liveness_key(), str(host_id), repr(now)))
 
 
 def redis_trusted(now: float) -> bool:
     """Whether this sweep may take Redis' deadlines alone (see the module's docstring)."""
     client = sync_client()
     run_id = str(client.info("server").get("run_id", ""))
-    previous = client.getset(SWEEP_MARK_KEY, f"{run_id} {now!r}")
+    previous = client.getset(sweep_mark_key(), f"{run_id} {now!r}")
     gap_s = 3 * settings.SWEEP_INTERVAL_S
     continuous = False
     if previous is not None:
@@ -77,7 +88,7 @@ def redis_trusted(now: float) -> bool:
         except ValueError:
             continuous = False
     if not continuous:
-        client.set(SWEEP_HOLD_KEY, repr(now + settings.HOST_OFFLINE_AFTER_S))
+        client.set(sweep_hold_key(), repr(now + settings.HOST_OFFLINE_AFTER_S))
         return False
-    hold = client.get(SWEEP_HOLD_KEY)
+    hold = client.get(sweep_hold_key())
     return hold is None or now >= float(hold)

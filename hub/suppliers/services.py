@@ -175,7 +175,7 @@ def register_host(token_id: int, message: Register, channel_name: str) -> Regist
         # Before the commit that makes the host online: the offline sweep must never see the
         # new status next to the old deadline.
         liveness.sync_client().zadd(
-            liveness.LIVENESS_KEY, {str(host.pk): time.time() + settings.HOST_OFFLINE_AFTER_S}
+            liveness.liveness_key(), {str(host.pk): time.time() + settings.HOST_OFFLINE_AFTER_S}
         )
     if previous_channel and previous_channel != channel_name:
         # Called from the agent socket's own loop (through database_sync_to_async), where

@@ -10,10 +10,12 @@ import itertools
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
+from django.test import override_settings
 from django.utils import timezone
 
 from hub.accounts.models import User
@@ -110,48 +112,51 @@ def register_host(
 
 
 @contextmanager
-def _private_key(module: Any, attribute: str) -> Iterator[str]:
-    """Point a module's Redis key at a key of this test's own in the real Redis, and delete it
+def private_redis_keys() -> Iterator[str]:
+    """The hub's own Redis keys under a prefix of this test's own (REDIS_KEY_PREFIX), deleted
     after. The real keys are shared by every hub on that Redis, and test databases number hosts
-    from 1 again: a test's host 2 would read (and the sweep would forget) a live hub's host 2."""
-    original = getattr(module, attribute)
-    key = f"{original}:test-{uuid.uuid4().hex}"
-    setattr(module, attribute, key)
-    try:
-        yield key
-    finally:
-        setattr(module, attribute, original)
-        liveness.sync_client().delete(key)
+    from 1 again: a test's host 2 would read (and the sweep would forget) a live hub's host 2.
+    Nested uses share the outer prefix."""
+    if getattr(settings, "REDIS_KEY_PREFIX", "").startswith("cloudgpu-test-"):
+        yield settings.REDIS_KEY_PREFIX
+        return
+    prefix = f"cloudgpu-test-{uuid.uuid4().hex}"
+    with override_settings(REDIS_KEY_PREFIX=prefix):
+        try:
+            yield prefix
+        finally:
+            client = liveness.sync_client()
+            stale = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+            if stale:
+                client.delete(*stale)
 
 
 @contextmanager
 def private_liveness_set() -> Iterator[str]:
     """hub.suppliers.liveness on a sorted set (and sweep marks) of this test's own, as if the
     sweep had been running without a gap: tests of the hold say so themselves."""
-    with (
-        _private_key(liveness, "LIVENESS_KEY") as key,
-        _private_key(liveness, "SWEEP_MARK_KEY"),
-        _private_key(liveness, "SWEEP_HOLD_KEY"),
-    ):
+    with private_redis_keys():
         mark_sweep_continuous()
-        yield key
+        yield liveness.liveness_key()
 
 
 def mark_sweep_continuous() -> None:
     client = liveness.sync_client()
     run_id = client.info("server")["run_id"]
-    client.set(liveness.SWEEP_MARK_KEY, f"{run_id} {time.time()!r}")
-    client.delete(liveness.SWEEP_HOLD_KEY)
+    client.set(liveness.sweep_mark_key(), f"{run_id} {time.time()!r}")
+    client.delete(liveness.sweep_hold_key())
 
 
-def private_pending_hash() -> AbstractContextManager[str]:
+@contextmanager
+def private_pending_hash() -> Iterator[str]:
     """hub.suppliers.heartbeat_batch on a pending-telemetry hash of this test's own."""
-    return _private_key(heartbeat_batch, "PENDING_KEY")
+    with private_redis_keys():
+        yield heartbeat_batch.pending_key()
 
 
 def set_liveness_deadline(host_id: int, deadline: datetime) -> None:
     # The agent socket writes this through heartbeat_batch; the same ZADD, synchronously.
-    liveness.sync_client().zadd(liveness.LIVENESS_KEY, {str(host_id): deadline.timestamp()})
+    liveness.sync_client().zadd(liveness.liveness_key(), {str(host_id): deadline.timestamp()})
 
 
 def take_offline(host: Host) -> None:

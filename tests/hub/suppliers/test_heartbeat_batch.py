@@ -65,7 +65,7 @@ class ZaddCounter(threading.Thread):
 async def test_concurrent_heartbeats_share_their_redis_writes() -> None:
     hosts = range(1, 201)
     deadline = time.time() + 45
-    counter = ZaddCounter(liveness.LIVENESS_KEY)
+    counter = ZaddCounter(liveness.liveness_key())
     counter.start()
     assert counter.watching.wait(timeout=10)
 
@@ -80,7 +80,7 @@ async def test_concurrent_heartbeats_share_their_redis_writes() -> None:
     # Every heartbeat is in Redis once its call returns...
     for host in hosts:
         assert liveness.deadline_of(host) == pytest.approx(deadline + host)
-    pending = liveness.sync_client().hgetall(heartbeat_batch.PENDING_KEY)
+    pending = liveness.sync_client().hgetall(heartbeat_batch.pending_key())
     assert {int(k): v.decode() for k, v in pending.items()} == {
         host: f"telemetry-{host}" for host in hosts if host % 2
     }
@@ -156,7 +156,7 @@ def test_the_flush_moves_pending_telemetry_to_postgres_and_drops_unreadable_entr
     message = f.heartbeat([f.gpu_state(0, utilization_pct=91, memory_used_bytes=7 * f.GIB)])
     client = liveness.sync_client()
     client.hset(
-        heartbeat_batch.PENDING_KEY,
+        heartbeat_batch.pending_key(),
         mapping={
             str(good.pk): heartbeat_batch.pending_entry(encode(message), time.time()),
             str(bad.pk): json.dumps({"at": time.time(), "frame": '{"type": "heartbeat"}'}),
@@ -168,7 +168,7 @@ def test_the_flush_moves_pending_telemetry_to_postgres_and_drops_unreadable_entr
     gpu = Gpu.objects.get(host=good, index=0)
     assert (gpu.utilization_pct, gpu.memory_used_bytes) == (91, 7 * f.GIB)
     assert Gpu.objects.get(host=bad, index=0).stats_updated_at == bad_written
-    assert client.exists(heartbeat_batch.PENDING_KEY) == 0
+    assert client.exists(heartbeat_batch.pending_key()) == 0
     assert stats.flush_pending() == 0
 
 
@@ -194,7 +194,7 @@ def test_one_hosts_poison_telemetry_never_stops_the_others(poison: dict[str, obj
     message = f.heartbeat([f.gpu_state(0, utilization_pct=64)])
     client = liveness.sync_client()
     client.hset(
-        heartbeat_batch.PENDING_KEY,
+        heartbeat_batch.pending_key(),
         mapping={
             str(good.pk): heartbeat_batch.pending_entry(encode(message), time.time()),
             str(bad.pk): heartbeat_batch.pending_entry(
@@ -207,7 +207,7 @@ def test_one_hosts_poison_telemetry_never_stops_the_others(poison: dict[str, obj
 
     assert Gpu.objects.get(host=good, index=0).utilization_pct == 64
     # Dropped, not handed back to fail every flush from now on.
-    assert client.exists(heartbeat_batch.PENDING_KEY) == 0
+    assert client.exists(heartbeat_batch.pending_key()) == 0
 
 
 def test_an_entry_that_postgres_refuses_is_dropped_alone_from_its_batch() -> None:

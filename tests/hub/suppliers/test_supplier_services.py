@@ -521,8 +521,8 @@ def test_a_token_holds_at_most_max_hosts_per_token(settings: object) -> None:
 def _previous_sweep(run_id: str, seconds_ago: float) -> None:
     """The mark a sweep left: by this Redis (its run id) or another life of it, some time ago."""
     client = liveness.sync_client()
-    client.set(liveness.SWEEP_MARK_KEY, f"{run_id} {time.time() - seconds_ago!r}")
-    client.delete(liveness.SWEEP_HOLD_KEY)
+    client.set(liveness.sweep_mark_key(), f"{run_id} {time.time() - seconds_ago!r}")
+    client.delete(liveness.sweep_hold_key())
 
 
 def _this_redis() -> str:
@@ -546,7 +546,7 @@ def test_after_the_hubs_own_outage_no_host_goes_offline_before_its_postgres_dead
     assert host.offline_after > now  # heartbeats reached Postgres meanwhile
     _set_redis_deadline(host.pk, now - timedelta(seconds=30))  # what the old Redis says
     if before is None:
-        liveness.sync_client().delete(liveness.SWEEP_MARK_KEY)
+        liveness.sync_client().delete(liveness.sweep_mark_key())
     else:
         run_id, seconds_ago = before
         _previous_sweep(_this_redis() if run_id == "this" else run_id, seconds_ago)
@@ -577,5 +577,5 @@ def test_once_the_hold_is_over_redis_alone_decides_again() -> None:
 
     # One offline interval later, with sweeps every few seconds meanwhile: the hold ran out.
     f.mark_sweep_continuous()
-    liveness.sync_client().set(liveness.SWEEP_HOLD_KEY, repr(time.time() - 1))
+    liveness.sync_client().set(liveness.sweep_hold_key(), repr(time.time() - 1))
     assert services.mark_overdue_hosts_offline(now=timezone.now()) == [host.pk]
