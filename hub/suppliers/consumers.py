@@ -4,6 +4,7 @@ service, reply. Nothing an agent sends can crash the handler."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -50,9 +51,10 @@ log = logging.getLogger(__name__)
 # what held a reconnect storm to ~7 registrations/s (docs/benchmarks.md). One socket's messages
 # are still handled one at a time, so its queries keep their order; rows two sockets share are
 # locked by the services, as they must be anyway against Celery.
-_agent_db_threads = ThreadPoolExecutor(
-    max_workers=settings.AGENT_DB_THREADS, thread_name_prefix="agent-db"
-)
+@functools.cache
+def _agent_db_threads() -> ThreadPoolExecutor:
+    # Made on first use, not at import: AGENT_DB_THREADS is read when the process serves.
+    return ThreadPoolExecutor(max_workers=settings.AGENT_DB_THREADS, thread_name_prefix="agent-db")
 
 
 def _db(function: Any) -> Any:
@@ -65,7 +67,7 @@ def _db(function: Any) -> Any:
             # to miss the connection the call opened (it stayed open past CONN_MAX_AGE).
             close_old_connections()
 
-    return database_sync_to_async(run, thread_sensitive=False, executor=_agent_db_threads)
+    return database_sync_to_async(run, thread_sensitive=False, executor=_agent_db_threads())
 
 
 # A well-behaved agent sends a heartbeat every 15 s plus an ack per command.
