@@ -114,7 +114,27 @@ def _docker_run_fields(lease: Lease) -> dict[str, Any]:
     tunnel = tunnels.docker_run_spec(lease)
     if tunnel is not None:
         fields["tunnel"] = tunnel
+    paid_until = _paid_until(lease)
+    if paid_until is not None:
+        fields["paid_until"] = paid_until
     return fields
+
+
+# The agent's dead-man switch looks this far ahead at most: a longer outage of the hub is
+# better met by the host-lost path than by a guess made weeks before.
+PAID_UNTIL_HORIZON = timedelta(days=30)
+
+
+def _paid_until(lease: Lease) -> str | None:
+    """How long the renter's balance carries all their rentals from now: the agent releases the
+    lease itself after this if the hub is unreachable then (it cannot be billed meanwhile).
+    Free leases have no such limit."""
+    if lease.price_per_hour_micros <= 0:
+        return None
+    burn = max(billing.committed_burn_per_hour(lease.renter_id), lease.price_per_hour_micros)
+    balance = max(0, billing.balance_micros(lease.renter))
+    carried = min(timedelta(seconds=balance * 3600 // burn), PAID_UNTIL_HORIZON)
+    return (timezone.now() + carried).isoformat()
 
 
 # --- start --------------------------------------------------------------------------------------

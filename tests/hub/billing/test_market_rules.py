@@ -356,3 +356,32 @@ def test_minus_zero_is_stored_and_shown_as_zero() -> None:
     assert "$0.00/h" in body
     assert "$-0" not in body
     assert metering.per_minute(gpu.price_per_hour_micros) == 0
+
+
+# --- the agent's dead-man switch gets the time the balance carries --------------------------
+
+
+def test_docker_run_says_how_long_the_balance_carries_the_renters_rentals(
+    admin_user: User,
+) -> None:
+    import json
+
+    from supplier_agent.protocol import parse_message
+
+    host = _priced_host(60 * UNIT, gpus=(0, 1))  # $1 a minute each
+    renter = _funded(admin_user, 10 * UNIT)
+    leases.start_lease(renter, host, [1], f.lease_spec())  # another $1/min, still starting
+    lease = leases.start_lease(renter, host, [0], f.lease_spec())
+    before = timezone.now()
+    assert f.ack(f.command_of(lease, Command.Kind.RESERVE))
+    payload = f.command_of(lease, Command.Kind.DOCKER_RUN).payload
+    paid_until = datetime.fromisoformat(payload["paid_until"])
+    # $10 at $2 a minute: five minutes.
+    assert before + timedelta(minutes=5) - timedelta(seconds=5) <= paid_until
+    assert paid_until <= timezone.now() + timedelta(minutes=5)
+    assert parse_message(json.dumps(payload)).paid_until == payload["paid_until"]
+
+    free_host = _priced_host(0)
+    free = leases.start_lease(renter, free_host, [0], f.lease_spec())
+    assert f.ack(f.command_of(free, Command.Kind.RESERVE))
+    assert "paid_until" not in f.command_of(free, Command.Kind.DOCKER_RUN).payload
