@@ -19,6 +19,8 @@ import requests
 from docker import DockerClient
 from docker.errors import DockerException
 
+from supplier_agent.compat_docker import close_response
+
 log = logging.getLogger(__name__)
 
 ExitCallback = Callable[[str, int], None]  # (lease_id, exit_code)
@@ -120,4 +122,4 @@ def close_stream(stream: Any) -> None:
     with contextlib.suppress(OSError):
         stream.close()
     # CancellableStream.close() leaves the response open, and its file object keeps the fd.
-    stream._response.close()
+    close_response(stream)

@@ -15,6 +15,7 @@ from docker.errors import DockerException, NotFound
 from docker.types.daemon import CancellableStream
 
 from supplier_agent.claims import ClaimManager, ClaimRefused
+from supplier_agent.compat_docker import open_log_stream
 from supplier_agent.config import AgentConfig
 from supplier_agent.container_events import close_stream
 from supplier_agent.containers import ContainerError, ContainerRuntime, cache_volume_name
@@ -198,17 +199,14 @@ class DockerRuntime:
         self.containers.watch_exits(on_exit, stop)
 
     def _log_stream(self, container_id: str, tail: int) -> CancellableStream:
-        # The SDK's `container.logs(stream=True)` is a bare generator that cannot be closed
-        # while another thread blocks in it; the stream wrapped like `events()` can be.
+        # A stream another thread can close (see supplier_agent.compat_docker).
         api = self.containers.client.api
         try:
             tty = bool(api.inspect_container(container_id)["Config"].get("Tty"))
         except NotFound:
             raise CommandFailed("the lease's container is gone") from None
         params = {"stdout": 1, "stderr": 1, "follow": 1, "timestamps": 0, "tail": tail}
-        url = api._url("/containers/{0}/logs", container_id)
-        response = api._get(url, params=params, stream=True)
-        return CancellableStream(api._get_result_tty(True, response, tty), response)
+        return open_log_stream(api, container_id, params, tty=tty)
 
     def follow_logs(self, lease_id: str, tail: int, sink: LogSink, stop: threading.Event) -> None:
         container = self.containers.find(lease_id) if lease_id in self._leases else None
