@@ -22,6 +22,7 @@ from daphne.cli import CommandLineInterface
 from daphne.server import Server
 from twisted.internet import reactor
 
+from hub.lib.compat_daphne import http_channel_of, replace_http_factory
 from hub.lib.redact import redact
 
 
@@ -75,7 +76,8 @@ def install_log_filter() -> None:
 # Daphne's application_checker walks every connection once a second to reap finished
 # application instances. With 10,000 agent sockets that walk was 16 % of the web process's CPU
 # and a stall of the event loop every second (docs/benchmarks.md); each tick now walks one
-# slice, so every connection is still checked every CHECK_SLICES seconds.
+# slice, so every connection is still checked every CHECK_SLICES seconds. What the override
+# relies on in Daphne: hub.lib.compat_daphne.
 CHECK_SLICES = 10
 
 
@@ -116,7 +118,7 @@ class HeaderDeadlineFactory(daphne_server.HTTPFactory):
         protocol = super().buildProtocol(addr)
         # Twisted wraps the HTTPChannel (which parses the headers) in a protocol that proxies
         # only IProtocol: the hooks go on the channel itself.
-        channel = protocol._channel
+        channel = http_channel_of(protocol)
         made, headers_done = channel.connectionMade, channel.allHeadersReceived
         state: dict[str, Any] = {"deadline": None}
 
@@ -141,10 +143,8 @@ class HeaderDeadlineFactory(daphne_server.HTTPFactory):
         return protocol
 
 
-# Daphne's Server.run() builds its factory by this module-level name, and Twisted keeps the
-# channel in the protocol's `_channel`; this is the one place the hub depends on either
-# (tests/hub/test_serve_checker.py fails if a Daphne or Twisted release changes them).
-daphne_server.HTTPFactory = HeaderDeadlineFactory
+# Daphne's Server.run() builds its factory by a module-level name (hub.lib.compat_daphne).
+replace_http_factory(HeaderDeadlineFactory)
 
 
 class RedactingCommandLineInterface(CommandLineInterface):

@@ -16,6 +16,7 @@ from channels.layers import get_channel_layer
 
 from hub.leases.models import Lease
 from hub.lib import redis_keys
+from hub.lib.compat_channels_redis import layer_redis
 from hub.suppliers import liveness
 from supplier_agent.protocol import LogChunk
 
@@ -42,7 +43,7 @@ async def publish(chunk: LogChunk) -> None:
     layer = get_channel_layer()
     entry = {"seq": chunk.seq, "data": chunk.data}
     # The channel layer's own per-event-loop pool on the same Redis (as liveness.touch).
-    connection = layer.connection(0)
+    connection = layer_redis(layer)
     key = backlog_key(chunk.lease_id)
     async with connection.pipeline(transaction=False) as pipe:
         pipe.rpush(key, json.dumps(entry, ensure_ascii=False))
@@ -68,7 +69,7 @@ def _entries(raw: list[Any]) -> list[dict[str, Any]]:
 
 async def backlog(lease_id: str) -> list[dict[str, Any]]:
     """The kept chunks, oldest first: ``{"seq": int, "data": str}``."""
-    connection = get_channel_layer().connection(0)
+    connection = layer_redis(get_channel_layer())
     return _entries(await connection.lrange(backlog_key(lease_id), 0, -1))
 
 

@@ -6,7 +6,8 @@ loop. channels_redis keeps its Redis pools per loop (``RedisChannelLayer.connect
 pool up in ``_layers[asyncio.get_running_loop()]``) and wraps ``loop.close()`` to close them, so
 every such call connected to Redis, sent, and hung up again, on top of the loop's own setup.
 Submitting every send to one long-lived loop keeps one pool on the process-wide layer object,
-and its connection is reused.
+and its connection is reused. Those channels_redis internals, and the upstream issues behind
+them: hub.lib.compat_channels_redis (whose tests fail if a release changes them).
 
 Async code must not come here: it awaits the layer itself, on its own loop and pool.
 """

@@ -10,7 +10,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
@@ -19,6 +18,7 @@ from redis.exceptions import RedisError
 
 from hub.leases import logs as lease_logs
 from hub.leases import services as lease_services
+from hub.lib.compat_channels import dispatch_without_db_cleanup
 from hub.suppliers import heartbeat_batch, services
 from hub.tunnels import services as tunnel_services
 from hub.volumes import services as volume_services
@@ -141,10 +141,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # for every frame of every socket: measured as the main cost of a heartbeat (see
         # docs/benchmarks.md). Every DB call here goes through database_sync_to_async, which
         # does that clean-up itself, so frames that need no database skip the hop.
-        handler = getattr(self, get_handler_name(message), None)
-        if handler is None:
-            raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
+        await dispatch_without_db_cleanup(self, message)
 
     async def disconnect(self, code: int) -> None:
         deadline = getattr(self, "_register_deadline", None)

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from channels.layers import get_channel_layer
 
 from hub.lib import redis_keys
+from hub.lib.compat_channels_redis import layer_redis
 from hub.suppliers import liveness
 
 
@@ -62,7 +63,7 @@ class _GroupCommit:
             try:
                 # The channel layer's own pool on the same Redis: no second pool per process,
                 # and it is closed with its loop. One writer at a time: one connection.
-                connection = get_channel_layer().connection(0)
+                connection = layer_redis(get_channel_layer())
                 async with connection.pipeline(transaction=False) as pipe:
                     pipe.zadd(liveness.liveness_key(), deadlines)
                     if pending:

@@ -104,18 +104,3 @@ def test_a_slow_collection_is_logged(
         "garbage collection (generation 2) paused the web process" in r.getMessage()
         for r in caplog.records
     )
-
-
-def test_daphne_still_builds_its_http_factory_by_the_name_the_hub_replaces() -> None:
-    # Server.run() looks HTTPFactory up in daphne.server at run time; if a Daphne release
-    # builds it elsewhere, the header deadline silently stops applying: this says so.
-    import inspect
-
-    from daphne import server as daphne_server
-    from twisted.web.http import HTTPChannel
-
-    assert daphne_server.HTTPFactory is serve.HeaderDeadlineFactory
-    assert "self.http_factory = HTTPFactory(self)" in inspect.getsource(daphne_server.Server.run)
-    built = serve.HeaderDeadlineFactory(server=None).buildProtocol(None)
-    assert isinstance(built._channel, HTTPChannel)
-    assert "allHeadersReceived" in built._channel.__dict__  # our hook, on the channel

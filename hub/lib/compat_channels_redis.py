@@ -1,0 +1,36 @@
+"""The channels_redis (``channels-redis==4.3.0``, requirements/hub.txt) internals the hub uses.
+
+``RedisChannelLayer.connection(index)`` (public name, undocumented)
+    The heartbeat group commit (hub.suppliers.heartbeat_batch) and the live-log backlog
+    (hub.leases.logs) write plain Redis keys through the channel layer's own client for the
+    running event loop: no second pool per process, and it is closed with its loop.
+    :func:`layer_redis` is the one call of it. Upstream: "There's no public API for it"
+    (maintainer's answer on https://github.com/django/channels/issues/1993, also asked as
+    https://github.com/django/channels_redis/issues/360, both closed); no open issue or PR
+    proposes one.
+
+``RedisChannelLayer._layers`` and ``channels_redis.utils._wrap_close`` (private)
+    hub.lib.channel_send keeps one long-lived event loop per process because the layer keeps
+    its Redis pools per loop: ``connection()`` looks the loop up in ``_layers`` and, the first
+    time, wraps ``loop.close()`` (``_wrap_close``) to flush that loop's pools. A fresh loop per
+    ``async_to_sync`` call therefore meant a fresh Redis connection per send. Nothing here
+    calls either name; the tests pin the behaviour channel_send is built on. Upstream:
+    https://github.com/django/channels_redis/issues/125 (a connection per ``async_to_sync``
+    send, closed by https://github.com/django/channels_redis/pull/130, which added the loop
+    close wrapper) and the discussion on https://github.com/django/channels_redis/issues/266.
+    If a release shares pools across loops, channel_send's loop thread is no longer needed.
+
+tests/hub/test_compat_channels_redis.py fails, naming what to re-check, if a release changes
+either.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels_redis.core import RedisChannelLayer
+
+
+def layer_redis(layer: RedisChannelLayer) -> Any:
+    """The layer's ``redis.asyncio.Redis`` client for the running loop (first host only)."""
+    return layer.connection(0)

@@ -1,0 +1,46 @@
+"""Every Daphne (and Twisted-under-Daphne) internal the web process (hub/serve.py) relies on.
+
+Pins: ``daphne==4.2.3`` (requirements/hub.txt) and the Twisted it brings (26.10.0 when this
+was written; Twisted is not pinned by name). A release that changes one of these breaks this
+module and tests/hub/test_compat_daphne.py, whose failures name the internal to re-check.
+Django-free, like the rest of ``hub.lib``.
+
+``daphne.server.HTTPFactory`` (a module global, replaced)
+    ``Server.run()`` builds its HTTP factory by looking this name up in ``daphne.server`` at
+    run time, and Daphne has no option to pass another. hub.serve swaps in a factory that
+    gives every connection a deadline for its request headers: Twisted's own timeout is an
+    idle one that each byte resets, so a client dripping header bytes held a Daphne slot
+    forever. Upstream: no Daphne issue or PR asks for a header deadline or a pluggable
+    factory (searched django/daphne); none fits.
+
+``twisted.web.http._GenericHTTPChannelProtocol._channel``
+    The factory's protocol is a proxy that forwards only ``IProtocol``; the ``HTTPChannel``
+    that parses headers (``allHeadersReceived``) is its private ``_channel``. Introduced with
+    Twisted's HTTP/2 groundwork, https://github.com/twisted/twisted/issues/8193 (closed); no
+    open issue offers a public way to reach the channel.
+
+``Server.connections`` and ``Server.application_checker`` (public names, undocumented)
+    ``application_checker`` walks every connection once a second and reschedules itself;
+    hub.serve's override hands it one slice of ``connections`` per tick (10,000 agent sockets
+    made the full walk 16 % of the process's CPU). It relies on the method reading
+    ``self.connections`` afresh each call and deleting reaped entries from that dict.
+    Upstream: https://github.com/django/daphne/issues/192 (very high load with many idle
+    websockets, open) is the closest; none is about the checker itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from daphne import server as daphne_server
+from twisted.web.http import HTTPChannel
+
+
+def replace_http_factory(factory: type) -> None:
+    """Make ``Server.run()`` build ``factory`` (a subclass of Daphne's HTTPFactory)."""
+    daphne_server.HTTPFactory = factory  # type: ignore[attr-defined]
+
+
+def http_channel_of(protocol: Any) -> HTTPChannel:
+    """The ``HTTPChannel`` inside the protocol Twisted's HTTPFactory built."""
+    return protocol._channel  # type: ignore[no-any-return]

@@ -1,0 +1,68 @@
+"""The Daphne and Twisted internals hub.lib.compat_daphne relies on still exist with their shape.
+
+Each failure names the internal and what to re-check when the daphne pin (requirements/hub.txt)
+or the Twisted it brings moves.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import daphne
+import twisted
+from daphne import server as daphne_server
+from daphne.http_protocol import HTTPFactory
+from daphne.server import Server
+from twisted.web.http import HTTPChannel
+
+from hub import serve
+from hub.lib.compat_daphne import http_channel_of
+
+
+def _recheck(what: str) -> str:
+    return (
+        f"daphne {daphne.__version__} / Twisted {twisted.__version__}: {what} changed; re-check "
+        "hub/lib/compat_daphne.py and hub/serve.py (the docstring says why and what to watch)"
+    )
+
+
+def test_daphne_still_builds_its_http_factory_by_the_name_the_hub_replaces() -> None:
+    # If a Daphne release builds the factory elsewhere, the header deadline silently stops
+    # applying: this says so.
+    assert daphne_server.HTTPFactory is serve.HeaderDeadlineFactory, _recheck(
+        "daphne.server.HTTPFactory"
+    )
+    assert "self.http_factory = HTTPFactory(self)" in inspect.getsource(Server.run), _recheck(
+        "Server.run's factory construction"
+    )
+    assert issubclass(serve.HeaderDeadlineFactory, HTTPFactory)
+
+
+def test_twisted_still_wraps_the_http_channel_in_a_protocol_with_a_private_channel() -> None:
+    built = serve.HeaderDeadlineFactory(server=None).buildProtocol(None)
+    assert isinstance(getattr(built, "_channel", None), HTTPChannel), _recheck(
+        "twisted.web.http._GenericHTTPChannelProtocol._channel"
+    )
+    channel = http_channel_of(built)
+    for hook in ("connectionMade", "allHeadersReceived"):
+        assert callable(getattr(HTTPChannel, hook, None)), _recheck(f"HTTPChannel.{hook}")
+        assert hook in channel.__dict__, _recheck(f"our {hook} hook is not on the channel")
+
+
+def test_daphne_application_checker_still_walks_and_edits_server_connections() -> None:
+    # hub.serve hands the checker one slice of `connections` per tick and merges back what it
+    # reaped: that holds only while the checker reads self.connections afresh, deletes reaped
+    # protocols from it and reschedules itself.
+    assert list(inspect.signature(Server.application_checker).parameters) == ["self"], _recheck(
+        "Server.application_checker's signature"
+    )
+    source = inspect.getsource(Server.application_checker)
+    for fragment in (
+        "for protocol, details in list(self.connections.items()):",
+        'del self.connections[protocol]["application_instance"]',
+        "del self.connections[protocol]",
+        "reactor.callLater(1, self.application_checker)",
+    ):
+        assert fragment in source, _recheck(f"Server.application_checker no longer does {fragment}")
+    # hub.serve reassigns the attribute each tick; Server.run() creates it as a plain dict.
+    assert "self.connections = {}" in inspect.getsource(Server.run), _recheck("Server.connections")
