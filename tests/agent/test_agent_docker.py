@@ -3,17 +3,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from docker.errors import NotFound
 
 from tests.support.agents import agent_env, configure, new_token, running_agent
 from tests.support.fake_gpus import FakeGpuTable, fake_nvml_env
@@ -469,3 +472,123 @@ def test_heartbeats_go_on_while_a_slow_stale_container_is_stopped(
                 timeout_s=60,
                 what="the stale container removed",
             )
+
+
+@pytest.fixture
+def renter_volume(docker_client: object) -> Iterator[str]:
+    """A fresh renter volume's wire name; its Docker volume goes after the test."""
+    name = f"vol-{uuid.uuid4().hex}{uuid.uuid4().hex[:8]}"
+    yield name
+    client: Any = docker_client
+    for container in client.containers.list(all=True, filters={"volume": f"cloudgpu-{name}"}):
+        container.remove(force=True)
+    with contextlib.suppress(NotFound):
+        client.volumes.get(f"cloudgpu-{name}").remove(force=True)
+
+
+def _volume_exists(docker_client: Any, name: str) -> bool:
+    try:
+        docker_client.volumes.get(f"cloudgpu-{name}")
+    except NotFound:
+        return False
+    return True
+
+
+def test_a_volume_over_its_cap_is_reported_so_on_reconnect_and_refused_to_the_next_lease(
+    host: Host,
+    docker_client: object,
+    busybox_image: str,
+    lease_cleanup: list[str],
+    renter_volume: str,
+    tmp_path: Path,
+) -> None:
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    lease_cleanup.extend([first, second])
+    volumes = [{"name": renter_volume, "path": "/data", "size_bytes": 1024}]
+    fill = f"head -c 65536 /dev/zero > /data/blob && {' '.join(_httpd('x')[2:])}"
+    with HubPeer(new_token()) as hub, _agent(host, hub, "a", tmp_path / "a.log") as (_, conn):
+        # Connecting reports the host's volumes: this one is not there yet.
+        first_report = hub.wait_for(conn, "volume_report")
+        assert renter_volume not in {v.name for v in first_report.volumes}
+        assert hub.command(conn, "reserve", first, 1, gpus="0").ok
+        started = hub.command(
+            conn,
+            "docker_run",
+            first,
+            1,
+            image=busybox_image,
+            ports=[8080],
+            command=["sh", "-c", fill],
+            volumes=volumes,
+        )
+        assert started.ok, started.error
+        assert hub.command(conn, "release", first, 1).ok
+
+        hub.drop(conn)
+        again = hub.wait_for_connection(count=2, timeout_s=60)
+        report = hub.wait_for(
+            again, "volume_report", lambda m: renter_volume in {v.name for v in m.volumes}
+        )
+        usage = next(v for v in report.volumes if v.name == renter_volume)
+        assert usage.bytes >= 65536
+        assert usage.over_cap
+        assert not usage.in_use
+        assert hub.command(again, "reserve", second, 1, gpus="0").ok
+        refused = hub.command(
+            again,
+            "docker_run",
+            second,
+            1,
+            image=busybox_image,
+            ports=[8080],
+            command=_httpd("y"),
+            volumes=volumes,
+        )
+
+    assert not refused.ok
+    assert refused.error == (
+        f"volume {renter_volume} holds more than its size cap of 1 KiB: delete files from it or "
+        "create a larger volume"
+    )
+    assert _containers(docker_client, second) == []
+
+
+def test_a_deleted_volume_goes_once_its_lease_is_released_and_the_hub_hears_of_it(
+    host: Host,
+    docker_client: object,
+    busybox_image: str,
+    lease_cleanup: list[str],
+    renter_volume: str,
+    tmp_path: Path,
+) -> None:
+    lease = str(uuid.uuid4())
+    lease_cleanup.append(lease)
+    unknown = "vol-" + uuid.uuid4().hex + "0" * 8
+
+    def removed(name: str) -> Callable[[Any], bool]:
+        return lambda m: name in {r.name for r in m.removed if r.reason == "deleted"}
+
+    with HubPeer(new_token()) as hub, _agent(host, hub, "a", tmp_path / "a.log") as (_, conn):
+        assert hub.command(conn, "reserve", lease, 1, gpus="0").ok
+        started = hub.command(
+            conn,
+            "docker_run",
+            lease,
+            1,
+            image=busybox_image,
+            ports=[8080],
+            command=_httpd("x"),
+            volumes=[{"name": renter_volume, "path": "/data"}],
+        )
+        assert started.ok, started.error
+        hub.send(conn, {"type": "volume_delete", "name": unknown})
+        hub.send(conn, {"type": "volume_delete", "name": renter_volume})
+        # The unknown one is answered at once; the mounted one stays while its lease runs.
+        hub.wait_for(conn, "volume_report", removed(unknown))
+        assert _volume_exists(docker_client, renter_volume)
+        assert not any(removed(renter_volume)(m) for m in conn.received if hasattr(m, "removed"))
+
+        assert hub.command(conn, "release", lease, 1).ok
+
+        hub.wait_for(conn, "volume_report", removed(renter_volume))
+        assert not _volume_exists(docker_client, renter_volume)

@@ -142,3 +142,17 @@ def test_claims_the_hub_does_not_want_are_released_on_welcome(tmp_path: Path) ->
         again = hub.wait_for_connection(count=2, timeout_s=60)
         assert len(hub.wait_for(again, "register").claims) == 1
         hub.wait_for(again, "heartbeat", lambda m: m.claims == ())
+
+
+def test_a_volume_report_follows_every_welcome_and_answers_a_delete(tmp_path: Path) -> None:
+    name = "vol-" + "5" * 40
+    with mock_agent(tmp_path) as session:
+        hub, conn = session.hub, session.conn
+        hub.wait_for(conn, "volume_report")
+        hub.send(conn, {"type": "volume_delete", "name": name})
+        report = hub.wait_for(conn, "volume_report", lambda m: bool(m.removed))
+        assert [(r.name, r.reason) for r in report.removed] == [(name, "deleted")]
+        hub.drop(conn)
+        again = hub.wait_for_connection(count=2, timeout_s=60)
+        # Repeated after a reconnect: the first answer may have been lost with the connection.
+        hub.wait_for(again, "volume_report", lambda m: name in {r.name for r in m.removed})
