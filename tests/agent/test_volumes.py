@@ -14,8 +14,15 @@ import pytest
 from docker.errors import NotFound
 
 from supplier_agent.containers import LABEL_CACHE, LABEL_VOLUME, renter_volume_name
-from supplier_agent.protocol import RenterVolume, VolumeRemoval
-from supplier_agent.volumes import DAY_S, GIB, VolumeJanitor
+from supplier_agent.protocol import (
+    MAX_FRAME_BYTES,
+    RenterVolume,
+    VolumeRemoval,
+    VolumeUsage,
+    encode,
+    parse_message,
+)
+from supplier_agent.volumes import DAY_S, GIB, VolumeJanitor, _split
 
 pytestmark = pytest.mark.docker
 
@@ -247,3 +254,20 @@ def test_a_report_lists_measured_sizes_and_flags_a_volume_over_its_cap(
     )
     # The hub raised the cap: the next lease may mount it again.
     assert janitor.refusal([RenterVolume(capped, "/a", 2**20)]) is None
+
+
+def test_reports_split_so_that_each_fits_one_frame() -> None:
+    # The largest entries there can be: 19-digit sizes, full-precision times.
+    usages = [
+        VolumeUsage(f"renter-{i:040x}", 2**63 - 1, False, 1234567890.1234567, True)
+        for i in range(700)
+    ]
+    removals = [VolumeRemoval(f"vol-{i:040x}", "disk_low", 1234567890.1234567) for i in range(500)]
+
+    reports = _split(usages, removals)
+
+    assert len(reports) == 4
+    assert all(len(encode(report).encode()) < MAX_FRAME_BYTES for report in reports)
+    assert [v for r in reports for v in r.volumes] == usages
+    assert [x for r in reports for x in r.removed] == removals
+    assert all(parse_message(encode(report)) == report for report in reports)
