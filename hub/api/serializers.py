@@ -245,6 +245,10 @@ class VolumeSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
 
+class VolumeResizeSerializer(serializers.Serializer):
+    size_gib = serializers.IntegerField(min_value=1, max_value=1 << 20)
+
+
 class VolumeCreateSerializer(serializers.Serializer):
     host_id = serializers.IntegerField(min_value=1, help_text="The host it lives on.")
     name = serializers.CharField(max_length=64)

@@ -395,7 +395,18 @@ class VolumeList(APIView):
 
 
 class VolumeDetail(APIView):
-    required_scopes = {"GET": ApiScope.READ, "DELETE": ApiScope.LEASES}
+    required_scopes = {"GET": ApiScope.READ, "PATCH": ApiScope.LEASES, "DELETE": ApiScope.LEASES}
+
+    @extend_schema(
+        summary="Give a volume a new size (the way back for one over its size)",
+        request=s.VolumeResizeSerializer,
+        responses={200: s.VolumeSerializer, **ERRORS, **NOT_FOUND},
+    )
+    def patch(self, request: Request, pk: str) -> Response:
+        data = _valid(s.VolumeResizeSerializer, request.data)
+        volume = get_object_or_404(_renters_volumes(request), pk=pk)
+        volumes.resize_volume(request.user, volume.pk, data["size_gib"])
+        return Response(s.VolumeSerializer(_renters_volumes(request).get(pk=volume.pk)).data)
 
     @extend_schema(
         summary="One volume: size, usage, state",

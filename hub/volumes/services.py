@@ -80,6 +80,27 @@ def create_volume(renter: User, host: Host, label: str, size_gib: int) -> Volume
     return volume
 
 
+def resize_volume(renter: User, volume_id: Any, size_gib: int) -> Volume:
+    """A new size for the renter's volume. The way out of "over its size": a volume over its
+    cap mounts into no rental (the agent refuses it too), so its owner could not get in to
+    trim it; a larger size lets the next rental mount it. Takes effect with that rental."""
+    if not 1 <= size_gib <= settings.VOLUME_MAX_GIB:
+        raise VolumeError(f"a volume's size is 1 to {settings.VOLUME_MAX_GIB} GiB")
+    with transaction.atomic():
+        volume = Volume.objects.select_for_update().filter(pk=volume_id, renter=renter).first()
+        if volume is None or volume.kind != Volume.Kind.VOLUME:
+            raise VolumeError("no such volume")
+        if volume.state != Volume.State.ACTIVE:
+            raise VolumeError(f"volume {volume.label!r} was removed")
+        volume.size_cap_bytes = size_gib * GIB
+        # The last measurement against the new size; the host measures again within the hour.
+        volume.over_cap = (
+            volume.used_bytes is not None and volume.used_bytes > volume.size_cap_bytes
+        )
+        volume.save(update_fields=["size_cap_bytes", "over_cap"])
+    return volume
+
+
 def _mounted_by_active_lease(volume: Volume) -> bool:
     return Lease.objects.filter(
         state__in=Lease.ACTIVE_STATES, volumes__contains=[{"name": volume.wire_name}]
@@ -141,8 +162,8 @@ def mounts_for_lease(renter: User, host: Host, wanted: list[tuple[Any, str]]) ->
             raise VolumeError(f"volume {volume.label!r} is on another host")
         if volume.over_cap:
             raise VolumeError(
-                f"volume {volume.label!r} holds more than its size: delete files from it "
-                "or create a larger volume"
+                f"volume {volume.label!r} holds more than its size: give it a larger size "
+                "(then delete files from it if you like) or delete it"
             )
         if not path.startswith("/") or path == "/" or ".." in path.split("/") or len(path) > 1024:
             raise VolumeError("a volume's mount path is an absolute folder, e.g. /data")

@@ -25,6 +25,7 @@ urlpatterns = [
     path("usage/", renter.usage, name="usage"),
     path("volumes/", volumes.volume_list, name="volumes"),
     path("volumes/<uuid:volume_id>/delete/", volumes.volume_delete, name="volume-delete"),
+    path("volumes/<uuid:volume_id>/resize/", volumes.volume_resize, name="volume-resize"),
     path("account/api-tokens/", api_tokens.api_tokens, name="api-tokens"),
     path(
         "account/api-tokens/<int:token_id>/revoke/",

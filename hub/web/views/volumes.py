@@ -71,3 +71,19 @@ def volume_delete(request: HttpRequest, volume_id: Any) -> HttpResponse:
     else:
         messages.success(request, f"Volume {volume.label} is being deleted with its files.")
     return redirect("web:volumes")
+
+
+@login_required
+@require_POST
+def volume_resize(request: HttpRequest, volume_id: Any) -> HttpResponse:
+    volume = get_object_or_404(Volume, pk=volume_id, renter=request.user)
+    try:
+        size = int(request.POST.get("size_gib", ""))
+        services.resize_volume(request.user, volume.pk, size)
+    except ValueError:
+        messages.error(request, "Give the new size as a whole number of GiB.")
+    except services.VolumeError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Volume {volume.label} now holds up to {size} GiB.")
+    return redirect("web:volumes")

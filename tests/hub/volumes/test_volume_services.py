@@ -322,3 +322,35 @@ def test_a_removed_volume_leaves_its_row_for_the_reason(renter: User) -> None:
         services.mounts_for_lease(renter, host, [(volume.pk, "/data")])
     # Its name is free again on that host.
     assert _volume(renter, host).label == "models"
+
+
+def test_a_volume_over_its_size_gets_a_larger_one_and_mounts_again(renter: User) -> None:
+    host = f.register_host()
+    volume = _volume(renter, host, size_gib=1)
+    services.apply_report(
+        host.pk,
+        VolumeReport(
+            volumes=(
+                VolumeUsage(
+                    name=volume.wire_name, bytes=3 * GIB, in_use=False, last_used=1e9, over_cap=True
+                ),
+            )
+        ),
+    )
+    with pytest.raises(services.VolumeError, match="larger size"):
+        services.mounts_for_lease(renter, host, [(volume.pk, "/data")])
+    client = APIClient()
+    client.force_login(renter)
+    too_small = client.patch(f"/api/v1/volumes/{volume.pk}/", {"size_gib": 2}, format="json")
+    assert too_small.status_code == 200
+    assert too_small.json()["over_cap"] is True  # 3 GiB still do not fit in 2
+    grown = client.patch(f"/api/v1/volumes/{volume.pk}/", {"size_gib": 4}, format="json")
+    assert grown.json()["over_cap"] is False
+    lease = _rent_with(renter, host, volume)
+    assert lease.volumes[0]["size_bytes"] == 4 * GIB  # the agent checks against the new size
+    stranger = APIClient()
+    stranger.force_login(f.make_user("stranger"))
+    assert (
+        stranger.patch(f"/api/v1/volumes/{volume.pk}/", {"size_gib": 9}, format="json").status_code
+        == 404
+    )
