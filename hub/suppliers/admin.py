@@ -7,10 +7,13 @@ the knobs that are theirs: a host's maintenance flag, a GPU's listing and price,
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
+from hub.suppliers import transitions
 from hub.suppliers.models import AgentToken, Gpu, Host, HostTransition
 from hub.suppliers.services import revoke_agent_token
 
@@ -117,13 +120,16 @@ class HostAdmin(admin.ModelAdmin):
 
     @admin.action(description="Drain selected hosts (no new leases; running ones go on)")
     def drain(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
-        # Compare-and-set: only hosts not drained yet count, however often an admin clicks.
-        drained = queryset.filter(maintenance=False).update(maintenance=True)
+        # Compare-and-set per host (transitions.py): only hosts not drained yet count, however
+        # often an admin clicks, and each change leaves a transition row with the admin's name.
+        ids = list(queryset.values_list("pk", flat=True))
+        drained = transitions.set_maintenance(ids, True, f"drained by admin {request.user}")
         self.message_user(request, f"Drained {drained} host(s).", messages.SUCCESS)
 
     @admin.action(description="Undrain selected hosts (take new leases again)")
     def undrain(self, request: HttpRequest, queryset: QuerySet[Host]) -> None:
-        undrained = queryset.filter(maintenance=True).update(maintenance=False)
+        ids = list(queryset.values_list("pk", flat=True))
+        undrained = transitions.set_maintenance(ids, False, f"undrained by admin {request.user}")
         self.message_user(request, f"Undrained {undrained} host(s).", messages.SUCCESS)
 
     @admin.display(boolean=True, description="agent up to date")
@@ -148,12 +154,27 @@ class HostAdmin(admin.ModelAdmin):
         "offline_after",
         "last_seen_at",
         "channel_name",
+        "machine_id",
+        "release_stuck_since",
+        "release_stuck_reason",
         "created_at",
     )
     inlines = (GpuInline, HostTransitionInline)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # hosts exist because an agent registered
+
+    def save_model(self, request: HttpRequest, obj: Host, form: Any, change: bool) -> None:
+        # The maintenance flag changes through transitions.py, like the drain action, so the
+        # change leaves its transition row with the admin's name.
+        if change and "maintenance" in form.changed_data:
+            wanted = obj.maintenance
+            obj.maintenance = not wanted
+            super().save_model(request, obj, form, change)
+            transitions.set_maintenance([obj.pk], wanted, f"set by admin {request.user}")
+            obj.maintenance = wanted
+            return
+        super().save_model(request, obj, form, change)
 
 
 @admin.register(Gpu)

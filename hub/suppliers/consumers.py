@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 from hub.leases import logs as lease_logs
 from hub.leases import services as lease_services
 from hub.lib.compat_channels import dispatch_without_db_cleanup
-from hub.suppliers import heartbeat_batch, services
+from hub.suppliers import heartbeats, services
 from hub.tunnels import services as tunnel_services
 from hub.volumes import services as volume_services
 from supplier_agent.protocol import (
@@ -115,9 +115,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.close()  # before accept: Daphne answers the handshake with 403
             return
         self.token_id = token.pk
-        self._stats_signature: tuple[object, ...] | None = None
-        self._stats_written_at = 0.0
-        self._flagged: set[str] = set()  # leases already flagged for foreign processes
+        self._heartbeats = heartbeats.Connection()
         self._window_started = time.monotonic()
         self._frames_in_window = 0
         self._log_bytes_in_window = 0
@@ -285,34 +283,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def _heartbeat(self, message: Heartbeat) -> None:
         assert self.host_id is not None
-        now = time.time()
-        signature = services.telemetry_signature(message)
-        since_write = now - self._stats_written_at
-        # A floor between writes whatever changed: a chatty agent cannot hammer Postgres.
-        due = since_write >= settings.AGENT_HEARTBEAT_INTERVAL_S / 2 and (
-            signature != self._stats_signature
-            or since_write >= settings.HOST_STATS_WRITE_INTERVAL_S
-        )
-        # Liveness, and telemetry when due, go to Redis in one batched write; the flush task
-        # moves the telemetry to Postgres many hosts at a time.
-        try:
-            await heartbeat_batch.record(
-                self.host_id,
-                now + settings.HOST_OFFLINE_AFTER_S,
-                heartbeat_batch.pending_entry(encode(message), now) if due else None,
-            )
-        except RedisError as exc:
-            log.warning("heartbeat not recorded in Redis (%s); writing to Postgres", exc)
-            due = since_write >= settings.AGENT_HEARTBEAT_INTERVAL_S / 2
-            if due:
-                await _db(services.write_heartbeat_stats)(self.host_id, message)
-        if due:
-            self._stats_signature = signature
-            self._stats_written_at = now
-        found = services.foreign_processes(message)
-        if found and set(found) - self._flagged:
-            await _db(services.flag_foreign_processes)(self.host_id, found)
-            self._flagged.update(found)
+        await heartbeats.arrived(self._heartbeats, self.host_id, message, _db)
 
     async def _reply(self, message: Message) -> None:
         await self._send(encode(message))
@@ -345,6 +316,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def agent_revoked(self, event: dict[str, Any]) -> None:
         await self._close(CLOSE_TOKEN_REVOKED)
+
+    async def agent_marked_offline(self, event: dict[str, Any]) -> None:
+        # The sweep gave up on this host while this socket stayed open: its next heartbeat
+        # brings it back (heartbeats.py), seconds later rather than at the next flush.
+        self._heartbeats.marked_offline = True
 
     async def agent_superseded(self, event: dict[str, Any]) -> None:
         # The same agent id registered on a newer connection; only one may speak for a host.

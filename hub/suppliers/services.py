@@ -18,10 +18,10 @@ from redis.exceptions import RedisError
 
 from hub.accounts.models import User
 from hub.lib import channel_send, tokens
-from hub.suppliers import liveness, stats
-from hub.suppliers.models import AgentToken, Gpu, Host, HostTransition
+from hub.suppliers import liveness, transitions
+from hub.suppliers.models import AgentToken, Gpu, Host
 from hub.suppliers.stats import pg_offline_after
-from supplier_agent.protocol import GpuState, Heartbeat, Register
+from supplier_agent.protocol import GpuState, Register
 
 log = logging.getLogger(__name__)
 
@@ -127,14 +127,6 @@ def probe_registration(token_id: int, message: Register) -> str:
     return str(host.pk)
 
 
-def _set_status(host: Host, status: str, reason: str) -> None:
-    if host.status != status:
-        HostTransition.objects.create(
-            host=host, from_status=host.status, to_status=status, reason=reason
-        )
-        host.status = status
-
-
 def register_host(token_id: int, message: Register, channel_name: str) -> Registered:
     from hub.leases.services import reconcile_claims
 
@@ -168,7 +160,7 @@ def register_host(token_id: int, message: Register, channel_name: str) -> Regist
         is_new = host.pk is None
         if is_new:
             host.save()
-        _set_status(host, Host.Status.ONLINE, "agent registered")
+        transitions.set_online(host, "agent registered")
         host.save()
         _upsert_gpus(host, message.gpus, now)
         desired = reconcile_claims(host, message.claims, now)
@@ -273,75 +265,6 @@ def detach_channel(host_id: int, channel_name: str) -> None:
     Host.objects.filter(pk=host_id, channel_name=channel_name).update(channel_name="")
 
 
-# --- heartbeats ---------------------------------------------------------------------------------
-
-
-def telemetry_signature(message: Heartbeat) -> tuple[object, ...]:
-    """What counts as a change worth an immediate Postgres write: a new compute process or
-    claim, utilisation crossing a quarter (idle, light, busy, full), memory in 4 GiB steps.
-    Finer changes wait for the periodic write, so a busy GPU whose load jitters every second
-    does not cost a row update per heartbeat."""
-    return (
-        tuple(
-            (
-                g.index,
-                min(g.utilization_pct // 25, 3),
-                g.memory_used_bytes >> 32,
-                tuple(sorted(p.pid for p in g.processes)),
-            )
-            for g in message.gpus
-        ),
-        tuple(sorted(c.lease_id for c in message.claims)),
-    )
-
-
-def write_heartbeat_stats(host_id: int, message: Heartbeat) -> None:
-    """One host's full telemetry, now (the agent socket's path when Redis is down; otherwise
-    telemetry goes through Redis and the flush task, many hosts at a time)."""
-    stats.write([stats.HostStats(host_id=host_id, at=timezone.now(), message=message)])
-
-
-@dataclass(frozen=True)
-class ForeignProcess:
-    gpu_index: int
-    pid: int
-    name: str
-
-
-def foreign_processes(message: Heartbeat) -> dict[str, list[ForeignProcess]]:
-    """Per lease, the compute processes on its GPUs that are not in its container. Pure and
-    cheap: it runs on every heartbeat, in the consumer, without a query."""
-    by_gpu = {gpu.index: gpu.processes for gpu in message.gpus}
-    found: dict[str, list[ForeignProcess]] = {}
-    for claim in message.claims:
-        ours = set(claim.pids)
-        for index in claim.gpu_indices:
-            for process in by_gpu.get(index, ()):
-                if process.pid not in ours:
-                    found.setdefault(claim.lease_id, []).append(
-                        ForeignProcess(index, process.pid, process.name or "unknown")
-                    )
-    return found
-
-
-def flag_foreign_processes(host_id: int, found: dict[str, list[ForeignProcess]]) -> None:
-    """Mark the leases and GPUs where another platform's processes showed up (renter and admin
-    see it); the first sighting is kept."""
-    from hub.leases.models import Lease
-
-    now = timezone.now()
-    Lease.objects.filter(
-        host_id=host_id, pk__in=list(found), foreign_process_seen_at__isnull=True
-    ).update(foreign_process_seen_at=now)
-    indices = {p.gpu_index for processes in found.values() for p in processes}
-    Gpu.objects.filter(
-        host_id=host_id, index__in=indices, foreign_process_seen_at__isnull=True
-    ).update(foreign_process_seen_at=now)
-    for lease_id, processes in found.items():
-        names = ", ".join(f"GPU {p.gpu_index}: {p.name} (pid {p.pid})" for p in processes)
-        log.warning("host %s, lease %s: foreign compute processes: %s", host_id, lease_id, names)
-
-
 # --- offline sweep ------------------------------------------------------------------------------
 
 SWEEP_BATCH = 500
@@ -349,8 +272,6 @@ SWEEP_BATCH = 500
 
 def mark_overdue_hosts_offline(now: datetime | None = None) -> list[int]:
     """Hosts whose deadline passed go offline, each with a transition row (compare-and-set)."""
-    from hub.leases.services import note_host_lost
-
     now = now or timezone.now()
     now_ts = now.timestamp()
     # After a Redis restart or a gap in the sweeps, Redis may lack heartbeats that Postgres
@@ -373,19 +294,10 @@ def mark_overdue_hosts_offline(now: datetime | None = None) -> list[int]:
         deadline = liveness.deadline_of(host_id)
         if deadline is not None and deadline > now_ts:
             continue  # Redis has a fresher heartbeat than Postgres
-        with transaction.atomic():
-            changed = Host.objects.filter(pk=host_id, status=Host.Status.ONLINE).update(
-                status=Host.Status.OFFLINE
-            )
-            if changed:
-                HostTransition.objects.create(
-                    host_id=host_id,
-                    from_status=Host.Status.ONLINE,
-                    to_status=Host.Status.OFFLINE,
-                    reason=f"no heartbeat for {settings.HOST_OFFLINE_AFTER_S} s",
-                )
-                note_host_lost(host_id, now)
-                went_offline.append(host_id)
+        reason = f"no heartbeat for {settings.HOST_OFFLINE_AFTER_S} s"
+        if transitions.mark_offline(host_id, reason, now):
+            went_offline.append(host_id)
+            _tell_socket_marked_offline(host_id)
         liveness.forget_if_overdue(host_id, now_ts)
     return went_offline
 
@@ -438,7 +350,15 @@ def set_host_default_price(host_id: int, price_per_hour_micros: int | None) -> H
     return Host.objects.get(pk=host_id)
 
 
-def set_host_maintenance(host_id: int, maintenance: bool) -> Host:
+def set_host_maintenance(host_id: int, maintenance: bool, reason: str = "by its supplier") -> Host:
     """In maintenance a host takes no new rentals; running ones go on."""
-    Host.objects.filter(pk=host_id).update(maintenance=maintenance)
+    transitions.set_maintenance([host_id], maintenance, reason)
     return Host.objects.get(pk=host_id)
+
+
+def _tell_socket_marked_offline(host_id: int) -> None:
+    """If the host's socket is still open (a stalled agent, a slow network), its next heartbeat
+    brings it back at once instead of at the next telemetry flush (heartbeats.py)."""
+    channel = Host.objects.filter(pk=host_id).values_list("channel_name", flat=True).first()
+    if channel:
+        channel_send.send(channel, {"type": "agent.marked_offline"})

@@ -18,8 +18,8 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.db import DatabaseError, DataError, IntegrityError, connection, transaction
 
-from hub.suppliers import heartbeat_batch
-from hub.suppliers.models import GpuSample, Host, HostTransition
+from hub.suppliers import heartbeat_batch, transitions
+from hub.suppliers.models import GpuSample, Host
 from supplier_agent.protocol import Heartbeat, ProtocolError, parse_message
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ def _write_batch(batch: Sequence[HostStats]) -> None:
             written = cursor.fetchall()
         _record_samples(written)
     for host_id in back:
-        _bring_back(host_id)
+        transitions.bring_back(host_id, "heartbeat (telemetry flush)")
 
 
 def _processes_json(processes: Iterable[object]) -> str:
@@ -141,23 +141,6 @@ def _record_samples(written: Sequence[tuple[int, datetime, int, int, int]]) -> N
     )
     oldest = min(at for _, at, *_ in written) - timedelta(hours=GpuSample.RETENTION_HOURS)
     GpuSample.objects.filter(gpu_id__in=[row[0] for row in written], at__lt=oldest).delete()
-
-
-def _bring_back(host_id: int) -> None:
-    """Heartbeats on a host the sweep marked offline: it was back on the same connection
-    before the grace ran out, so its leases go on."""
-    from hub.leases.services import note_host_back
-
-    with transaction.atomic():
-        host = Host.objects.select_for_update(no_key=True).filter(pk=host_id).first()
-        if host is None or host.status == Host.Status.ONLINE:
-            return
-        note_host_back(host_id)
-        HostTransition.objects.create(
-            host=host, from_status=host.status, to_status=Host.Status.ONLINE, reason="heartbeat"
-        )
-        host.status = Host.Status.ONLINE
-        host.save(update_fields=["status"])
 
 
 # --- the flush task ---------------------------------------------------------------------------

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
+from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -557,3 +560,40 @@ async def test_unknown_socket_paths_are_refused_at_the_handshake(path: str) -> N
 
     assert not connected
     await communicator.disconnect()
+
+
+async def test_a_host_marked_offline_comes_back_on_its_next_heartbeat_not_the_next_flush() -> None:
+    """Issue 15 item 1: a stalled socket the sweep gave up on is online again on the first
+    heartbeat after, with its transition row, without waiting for the telemetry flush."""
+    _, plaintext = await _supplier_token()
+    with f.private_liveness_set(), f.private_pending_hash():
+        communicator, welcome = await _registered(plaintext)
+        host_id = int(welcome["host_id"])
+        now = timezone.now()
+        await database_sync_to_async(f.set_liveness_deadline)(host_id, now - timedelta(seconds=1))
+        went = await database_sync_to_async(services.mark_overdue_hosts_offline)(now=now)
+        assert went == [host_id]
+        host = await database_sync_to_async(Host.objects.get)(pk=host_id)
+        assert host.status == Host.Status.OFFLINE
+
+        async def back() -> bool:
+            await communicator.send_to(text_data=_heartbeat(utilization=10))
+            await _round_trip(communicator)
+            row = await database_sync_to_async(Host.objects.get)(pk=host_id)
+            return row.status == Host.Status.ONLINE
+
+        # The sweep's word reaches the socket through the channel layer: poll, never flush.
+        deadline = time.monotonic() + 10
+        while not await back():
+            assert time.monotonic() < deadline, "the heartbeat did not bring the host back"
+        assert heartbeat_batch.take_pending() != {}  # the flush never ran
+        reasons = await database_sync_to_async(
+            lambda: list(
+                HostTransition.objects.filter(host_id=host_id)
+                .order_by("at", "pk")
+                .values_list("to_status", "reason")
+            )
+        )()
+        assert reasons[-1] == ("online", "heartbeat")
+        await communicator.disconnect()
+    liveness.forget(host_id)

@@ -15,7 +15,7 @@ from django.utils import timezone
 from hub.leases import services as lease_services
 from hub.leases.models import Command, Lease, LeaseGpu
 from hub.lib import tokens
-from hub.suppliers import liveness, services
+from hub.suppliers import heartbeats, liveness, services
 from hub.suppliers.models import AgentToken, Gpu, Host, HostTransition
 from tests.hub import factories as f
 
@@ -260,7 +260,7 @@ def test_heartbeat_stats_write_gpu_telemetry() -> None:
         [f.gpu_state(0, utilization_pct=87, memory_used_bytes=5 * f.GIB, pids=[4242])]
     )
 
-    services.write_heartbeat_stats(host.pk, message)
+    heartbeats.write_heartbeat_stats(host.pk, message)
 
     gpu = host.gpus.get(index=0)
     assert gpu.utilization_pct == 87
@@ -275,7 +275,7 @@ def test_heartbeat_stats_move_the_hosts_postgres_deadline() -> None:
     registered_deadline = host.offline_after
     assert registered_deadline is not None
 
-    services.write_heartbeat_stats(host.pk, f.heartbeat([0]))
+    heartbeats.write_heartbeat_stats(host.pk, f.heartbeat([0]))
 
     host.refresh_from_db()
     assert host.offline_after is not None
@@ -289,7 +289,7 @@ def test_heartbeat_stats_bring_an_offline_host_back_online_with_a_transition() -
     _set_redis_deadline(host.pk, now - timedelta(seconds=1))
     assert services.mark_overdue_hosts_offline(now=now) == [host.pk]
 
-    services.write_heartbeat_stats(host.pk, f.heartbeat([0]))
+    heartbeats.write_heartbeat_stats(host.pk, f.heartbeat([0]))
 
     host.refresh_from_db()
     assert host.status == Host.Status.ONLINE
@@ -298,19 +298,19 @@ def test_heartbeat_stats_bring_an_offline_host_back_online_with_a_transition() -
     assert (latest.from_status, latest.to_status, latest.reason) == (
         "offline",
         "online",
-        "heartbeat",
+        "heartbeat (telemetry flush)",
     )
 
 
 def test_heartbeat_stats_ignore_a_gpu_the_host_never_registered() -> None:
     host = f.register_host(gpus=[0])
-    services.write_heartbeat_stats(host.pk, f.heartbeat([0, 5]))
+    heartbeats.write_heartbeat_stats(host.pk, f.heartbeat([0, 5]))
     assert list(host.gpus.values_list("index", flat=True)) == [0]
 
 
 def test_identical_telemetry_has_an_identical_signature() -> None:
     gpu = f.gpu_state(0, utilization_pct=40, memory_used_bytes=3 * f.GIB, pids=[1, 2])
-    assert services.telemetry_signature(f.heartbeat([gpu])) == services.telemetry_signature(
+    assert heartbeats.telemetry_signature(f.heartbeat([gpu])) == heartbeats.telemetry_signature(
         f.heartbeat([gpu])
     )
 
@@ -318,25 +318,25 @@ def test_identical_telemetry_has_an_identical_signature() -> None:
 def test_a_utilisation_change_within_one_step_keeps_the_signature() -> None:
     low = f.heartbeat([f.gpu_state(0, utilization_pct=26, gpu_uuid="GPU-a")])
     high = f.heartbeat([f.gpu_state(0, utilization_pct=49, gpu_uuid="GPU-a")])
-    assert services.telemetry_signature(low) == services.telemetry_signature(high)
+    assert heartbeats.telemetry_signature(low) == heartbeats.telemetry_signature(high)
 
 
 def test_a_utilisation_step_changes_the_signature() -> None:
     low = f.heartbeat([f.gpu_state(0, utilization_pct=40, gpu_uuid="GPU-a")])
     high = f.heartbeat([f.gpu_state(0, utilization_pct=50, gpu_uuid="GPU-a")])
-    assert services.telemetry_signature(low) != services.telemetry_signature(high)
+    assert heartbeats.telemetry_signature(low) != heartbeats.telemetry_signature(high)
 
 
 def test_a_new_compute_process_changes_the_signature() -> None:
     before = f.heartbeat([f.gpu_state(0, pids=[100], gpu_uuid="GPU-a")])
     after = f.heartbeat([f.gpu_state(0, pids=[100, 200], gpu_uuid="GPU-a")])
-    assert services.telemetry_signature(before) != services.telemetry_signature(after)
+    assert heartbeats.telemetry_signature(before) != heartbeats.telemetry_signature(after)
 
 
 def test_a_memory_step_changes_the_signature() -> None:
     before = f.heartbeat([f.gpu_state(0, memory_used_bytes=0, gpu_uuid="GPU-a")])
     after = f.heartbeat([f.gpu_state(0, memory_used_bytes=1 << 32, gpu_uuid="GPU-a")])
-    assert services.telemetry_signature(before) != services.telemetry_signature(after)
+    assert heartbeats.telemetry_signature(before) != heartbeats.telemetry_signature(after)
 
 
 # --- offline sweep ------------------------------------------------------------------------------
@@ -465,7 +465,7 @@ def test_a_lease_whose_host_resumed_heartbeats_is_not_ended_after_the_grace() ->
     _set_redis_deadline(host.pk, now - timedelta(seconds=1))
     assert services.mark_overdue_hosts_offline(now=now) == [host.pk]
 
-    services.write_heartbeat_stats(host.pk, f.heartbeat([0], claims=[f.claim_of(lease)]))
+    heartbeats.write_heartbeat_stats(host.pk, f.heartbeat([0], claims=[f.claim_of(lease)]))
     host.refresh_from_db()
     assert host.status == Host.Status.ONLINE
 

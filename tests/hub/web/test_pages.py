@@ -15,6 +15,7 @@ from django.urls import reverse
 from hub.billing import services as billing
 from hub.catalog.models import Template
 from hub.leases.models import Lease
+from hub.suppliers import heartbeats
 from hub.suppliers import services as supplier_services
 from hub.suppliers.models import AgentToken, Gpu
 from hub.web import ratelimit
@@ -324,7 +325,7 @@ def test_a_supplier_sets_a_price_unlists_and_puts_a_host_into_maintenance() -> N
 def test_heartbeat_stats_write_sparkline_samples() -> None:
     token, _ = f.make_token()
     host = f.register_host(token)
-    supplier_services.write_heartbeat_stats(
+    heartbeats.write_heartbeat_stats(
         host.pk, f.heartbeat([f.gpu_state(0, utilization_pct=80, memory_used_bytes=8 * f.GIB)])
     )
     sample = host.gpus.get().samples.get()

@@ -1,0 +1,100 @@
+"""Every change of a host's status (online, offline) or maintenance flag, in one place.
+
+Each change is a compare-and-set on the host row with a ``HostTransition`` row in the same
+transaction, so the history says who changed what and when, and two racing writers (the
+offline sweep and a heartbeat, two admins) change it once. The lease side of a status change
+(the grace clock of its leases) happens in that transaction too.
+
+Callers: registration (online), the offline sweep (offline), the first heartbeat after the
+sweep (online again, hub/suppliers/heartbeats.py), the telemetry flush as a fallback
+(hub/suppliers/stats.py), and the supplier's page and the admin's drain (maintenance).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from hub.suppliers.models import Host, HostTransition
+
+log = logging.getLogger(__name__)
+
+Status = Host.Status
+# HostTransition rows for the maintenance flag: the status stays, the reason says which way.
+MAINTENANCE_ON = "maintenance on"
+MAINTENANCE_OFF = "maintenance off"
+
+
+def set_online(host: Host, reason: str) -> None:
+    """For registration, which holds the host's row lock and saves the row itself."""
+    if host.status != Status.ONLINE:
+        HostTransition.objects.create(
+            host=host, from_status=host.status, to_status=Status.ONLINE, reason=reason
+        )
+        host.status = Status.ONLINE
+
+
+def mark_offline(host_id: int, reason: str, now: datetime) -> bool:
+    """The sweep's verdict: online -> offline, and the host's leases start their grace clock.
+    False if the host was not online (another sweep, or it re-registered meanwhile)."""
+    from hub.leases.services import note_host_lost
+
+    with transaction.atomic():
+        changed = Host.objects.filter(pk=host_id, status=Status.ONLINE).update(
+            status=Status.OFFLINE
+        )
+        if not changed:
+            return False
+        HostTransition.objects.create(
+            host_id=host_id, from_status=Status.ONLINE, to_status=Status.OFFLINE, reason=reason
+        )
+        note_host_lost(host_id, now)
+    return True
+
+
+def bring_back(host_id: int, reason: str, now: datetime | None = None) -> bool:
+    """Heartbeats from a host the sweep marked offline: it came back on the same connection
+    within the grace, so its leases go on (the time away is not billed). False if it was not
+    offline."""
+    from hub.leases.services import note_host_back
+
+    now = now or timezone.now()
+    with transaction.atomic():
+        changed = Host.objects.filter(pk=host_id, status=Status.OFFLINE).update(
+            status=Status.ONLINE
+        )
+        if not changed:
+            return False
+        HostTransition.objects.create(
+            host_id=host_id, from_status=Status.OFFLINE, to_status=Status.ONLINE, reason=reason
+        )
+        note_host_back(host_id, now)
+    log.info("host %s is back (%s)", host_id, reason)
+    return True
+
+
+def set_maintenance(host_ids: list[int], on: bool, reason: str) -> int:
+    """Drain (no new rentals; running ones go on) or undrain hosts; how many changed."""
+    changed = 0
+    for host_id in host_ids:
+        with transaction.atomic():
+            host = (
+                Host.objects.select_for_update(no_key=True)
+                .filter(pk=host_id, maintenance=not on)
+                .first()
+            )
+            if host is None:
+                continue
+            host.maintenance = on
+            host.save(update_fields=["maintenance"])
+            HostTransition.objects.create(
+                host=host,
+                from_status=host.status,
+                to_status=host.status,
+                reason=f"{MAINTENANCE_ON if on else MAINTENANCE_OFF}: {reason}"[:200],
+            )
+            changed += 1
+    return changed
