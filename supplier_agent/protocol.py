@@ -877,6 +877,10 @@ class DockerRun(Command):
 
     def to_dict(self) -> dict[str, Any]:
         body = super().to_dict()
+        # Unset optional fields stay out of the frame, as the hub has always sent them: an agent
+        # from before a field (tunnel, paid_until, volumes) refuses it as unknown even as null.
+        for name in [name for name, value in body.items() if value is None]:
+            del body[name]
         if not self.volumes:
             del body["volumes"]
         return body

@@ -8,6 +8,7 @@ sent by a Celery task queued on commit; agents de-duplicate by command id.
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -21,11 +22,12 @@ from hub.accounts.models import User
 from hub.billing import metering
 from hub.billing import services as billing
 from hub.billing.money import format_micros
-from hub.leases import cache_volumes
+from hub.leases import cache_volumes, commands
 from hub.leases.models import Command, Lease, LeaseGpu
 from hub.suppliers.models import Gpu, Host
 from hub.tunnels import services as tunnels
 from supplier_agent.protocol import Ack, ClaimState, ContainerExited
+from supplier_agent.protocol import Command as CommandMessage
 
 log = logging.getLogger(__name__)
 
@@ -74,23 +76,21 @@ class LeaseSpec:
 RELEASE_RETRY_S = 60
 
 
-def _queue_command(lease: Lease, kind: str, *, delay_s: int = 0, **fields: Any) -> Command:
+def _queue_command(lease: Lease, message: CommandMessage, *, delay_s: int = 0) -> Command:
+    # Checked against the agent's parser first (commands.payload): a command it would refuse
+    # raises here, before the row is written, and rolls back the transition that wanted it.
+    payload = commands.payload(message)
     now = timezone.now()
+    kind = message.TYPE
     command = Command(
+        id=uuid.UUID(message.command_id),
         lease=lease,
         host_id=lease.host_id,
         kind=kind,
+        payload=payload,
         next_attempt_at=now + timedelta(seconds=delay_s),
     )
     command.deadline = now + timedelta(seconds=settings.COMMAND_DEADLINES_S[kind])
-    command.payload = {
-        "type": kind,
-        "v": 1,
-        "command_id": str(command.id),
-        "lease_id": str(lease.id),
-        "epoch": lease.epoch,
-        **fields,
-    }
     command.save()
     from hub.leases.tasks import dispatch_command
 
@@ -100,41 +100,6 @@ def _queue_command(lease: Lease, kind: str, *, delay_s: int = 0, **fields: Any) 
     if not delay_s:
         transaction.on_commit(lambda: dispatch_command.delay(command_id), robust=True)
     return command
-
-
-def _docker_run_fields(lease: Lease) -> dict[str, Any]:
-    fields: dict[str, Any] = {"image": lease.image, "ports": lease.ports, "env": lease.env}
-    for name in ("command", "entrypoint", "cache_volume", "warmup"):
-        if getattr(lease, name) is not None:
-            fields[name] = getattr(lease, name)
-    if lease.volumes:
-        fields["volumes"] = lease.volumes
-    if lease.user:
-        fields["user"] = lease.user
-    tunnel = tunnels.docker_run_spec(lease)
-    if tunnel is not None:
-        fields["tunnel"] = tunnel
-    paid_until = _paid_until(lease)
-    if paid_until is not None:
-        fields["paid_until"] = paid_until
-    return fields
-
-
-# The agent's dead-man switch looks this far ahead at most: a longer outage of the hub is
-# better met by the host-lost path than by a guess made weeks before.
-PAID_UNTIL_HORIZON = timedelta(days=30)
-
-
-def _paid_until(lease: Lease) -> str | None:
-    """How long the renter's balance carries all their rentals from now: the agent releases the
-    lease itself after this if the hub is unreachable then (it cannot be billed meanwhile).
-    Free leases have no such limit."""
-    if lease.price_per_hour_micros <= 0:
-        return None
-    burn = max(billing.committed_burn_per_hour(lease.renter_id), lease.price_per_hour_micros)
-    balance = max(0, billing.balance_micros(lease.renter))
-    carried = min(timedelta(seconds=balance * 3600 // burn), PAID_UNTIL_HORIZON)
-    return (timezone.now() + carried).isoformat()
 
 
 # --- start --------------------------------------------------------------------------------------
@@ -227,11 +192,16 @@ def start_lease(
                 tunnels.allocate(lease)
             LeaseGpu.objects.bulk_create([LeaseGpu(lease=lease, gpu=gpu) for gpu in gpus])
             indices = ",".join(str(i) for i in sorted(gpu_indices))
-            _queue_command(lease, Command.Kind.RESERVE, gpus=indices)
+            # The docker_run this lease will need, checked now: a rental the agent could never
+            # start is refused before it holds GPUs (paid_until is the hub's own timestamp).
+            commands.payload(commands.docker_run(lease, paid_until=None))
+            _queue_command(lease, commands.reserve(lease, indices))
     except IntegrityError:
         raise LeaseError("that GPU was just rented by someone else") from None
     except (tunnels.TunnelError, billing.OutOfFunds) as exc:
         raise LeaseError(str(exc)) from None
+    except commands.InvalidCommand as exc:
+        raise LeaseError(f"the host's agent would refuse this rental: {exc.reason}") from None
     return lease
 
 
@@ -254,7 +224,7 @@ def release_lease(
             # out the release (or however often it fails), the renter pays nothing more.
             billing.settle_lease(lease, now)
             _withdraw_pending(lease, "superseded by release")
-            _queue_command(lease, Command.Kind.RELEASE, reason=reason)
+            _queue_command(lease, commands.release(lease, reason))
     return lease
 
 
@@ -312,7 +282,7 @@ def _fail_and_release(lease: Lease, failure: str) -> None:
     lease.ended_at = timezone.now()
     lease.save()
     _withdraw_pending(lease, "superseded by release")
-    _queue_command(lease, Command.Kind.RELEASE, reason="error")
+    _queue_command(lease, commands.release(lease, "error"))
 
 
 # --- agent answers ------------------------------------------------------------------------------
@@ -366,7 +336,7 @@ def _advance(lease: Lease, command: Command, ack: Ack, now: datetime) -> None:
         lease.warnings = list(ack.result.get("warnings", []))
         lease.state = State.STARTING
         lease.save(update_fields=["state", "warnings"])
-        _queue_command(lease, Command.Kind.DOCKER_RUN, **_docker_run_fields(lease))
+        _queue_command(lease, commands.docker_run(lease, commands.paid_until(lease)))
     elif kind == Command.Kind.DOCKER_RUN:
         if lease.state != State.STARTING:
             return
@@ -390,9 +360,8 @@ def _advance(lease: Lease, command: Command, ack: Ack, now: datetime) -> None:
             log.warning("release of lease %s failed on the host: %s", lease.pk, ack.error)
             _queue_command(
                 lease,
-                Command.Kind.RELEASE,
+                commands.release(lease, lease.end_reason or "error"),
                 delay_s=RELEASE_RETRY_S,
-                reason=lease.end_reason or "error",
             )
             return
         final = State.FAILED if lease.state == State.FAILED else State.ENDED
@@ -508,7 +477,7 @@ def end_leases_of_lost_hosts(now: datetime | None = None) -> list[str]:
             _withdraw_pending(lease, "host lost", releases_too=True)
             # If the agent is still (or again) connected, it lets go now; if it returns later,
             # register tells it the hub no longer wants the claim.
-            _queue_command(lease, Command.Kind.RELEASE, reason=Lease.EndReason.HOST_LOST)
+            _queue_command(lease, commands.release(lease, Lease.EndReason.HOST_LOST))
             ended.append(str(lease_id))
     return ended
 
@@ -533,6 +502,6 @@ def expire_command(command_id: Any) -> None:
             if lease.lease_gpus.filter(active=True).exists():
                 # The agent may still hold the GPUs: ask again rather than hand them on. An
                 # offline host's leases are settled by the host-lost path instead.
-                _queue_command(lease, Command.Kind.RELEASE, reason=lease.end_reason or "error")
+                _queue_command(lease, commands.release(lease, lease.end_reason or "error"))
         elif lease.state in (State.RESERVING, State.STARTING):
             _fail_and_release(lease, "The host did not answer in time.")
