@@ -411,7 +411,7 @@ if not 0 <= PLATFORM_FEE_BPS <= 10_000:
 if BILLING_INTERVAL_S < 1 or BILLING_WARN_MINUTES < 1:
     raise ImproperlyConfigured("BILLING_INTERVAL_S and BILLING_WARN_MINUTES must be at least 1")
 CELERY_BEAT_SCHEDULE["charge-running-leases"] = {
-    "task": "billing.charge_running_leases",
+    "task": "leases.charge_and_release",
     "schedule": float(BILLING_INTERVAL_S),
     # Metering is cumulative: a skipped tick is caught up by the next one.
     "options": {"expires": float(BILLING_INTERVAL_S)},

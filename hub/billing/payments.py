@@ -59,5 +59,5 @@ def record_payment(
         raise services.BillingError(f"payment {ref} is already recorded with other details")
     if created:
         log.info("payment %s of %s for user %s", ref, format_micros(amount_micros), account.pk)
-        services.review_funds(renter_ids=[account.pk], release=False)
+        services.review_funds(renter_ids=[account.pk])
     return entry, created

@@ -209,12 +209,15 @@ class ChargeRun:
     leases: int
     charged_micros: int
     warned: int
-    released: int
+    # Running leases of renters who cannot pay their next minute: the caller releases them
+    # (hub/leases/services.py charge_and_release); billing only says which.
+    out_of_funds: tuple[object, ...] = ()
+    released: int = 0
 
 
 def charge_running_leases(now: datetime | None = None, batch: int = CHARGE_BATCH) -> ChargeRun:
-    """The beat task's work: charge every running priced lease up to now, settle ended ones,
-    then warn renters running low and release the leases of renters who ran out."""
+    """The beat task's money half: charge every running priced lease up to now, settle ended
+    ones, warn renters running low, and name the leases of renters who ran out."""
     now = now or timezone.now()
     due = (
         Lease.objects.filter(running_since__isnull=False, billing_settled_at__isnull=True)
@@ -224,23 +227,20 @@ def charge_running_leases(now: datetime | None = None, batch: int = CHARGE_BATCH
     )
     lease_ids = list(due)
     charged = sum(charge_lease(lease_id, now) for lease_id in lease_ids)
-    warned, released = review_funds(now)
-    return ChargeRun(len(lease_ids), charged, warned, released)
+    warned, out_of_funds = review_funds(now)
+    return ChargeRun(len(lease_ids), charged, warned, tuple(out_of_funds))
 
 
 # --- funds --------------------------------------------------------------------------------------
 
 
 def review_funds(
-    now: datetime | None = None,
-    renter_ids: Iterable[int] | None = None,
-    *,
-    release: bool = True,
-) -> tuple[int, int]:
+    now: datetime | None = None, renter_ids: Iterable[int] | None = None
+) -> tuple[int, list[object]]:
     """Compare each renter's balance with what their running rentals burn. Below one minute:
-    release them with ``no_funds`` (only with ``release``). Below BILLING_WARN_MINUTES: flag
-    their running leases with ``funds_warning_at``. Enough: clear the flag.
-    Returns (renters warned, leases released)."""
+    their running leases are returned, for the caller to release with ``no_funds``. Below
+    BILLING_WARN_MINUTES: flag their running leases with ``funds_warning_at``. Enough: clear
+    the flag. Returns (renters warned, leases out of funds)."""
     now = now or timezone.now()
     renters = Lease.objects.filter(state=Lease.State.RUNNING, price_per_hour_micros__gt=0)
     if renter_ids is not None:
@@ -254,15 +254,25 @@ def review_funds(
         .values_list("renter_id", "burn")
     )
     balances = balances_of(renter_set)
-    warned = released = 0
+    warned = 0
+    out_of_funds: list[object] = []
     for renter_id in sorted(renter_set):
         burn = burns.get(renter_id, 0)
         balance = balances[renter_id]
         running = Lease.objects.filter(
             renter_id=renter_id, state=Lease.State.RUNNING, price_per_hour_micros__gt=0
         )
-        if burn and balance < metering.per_minute(burn) and release:
-            released += _release_for_no_funds(running, renter_id, balance, now)
+        if burn and balance < metering.per_minute(burn):
+            ids = list(running.order_by("pk").values_list("pk", flat=True))
+            out_of_funds += ids
+            # Flagged too: until the caller releases them the renter sees the warning.
+            running.filter(funds_warning_at__isnull=True).update(funds_warning_at=now)
+            log.info(
+                "renter %s is out of funds (balance %s): %d lease(s) to release",
+                renter_id,
+                format_micros(balance),
+                len(ids),
+            )
         elif burn and balance < metering.for_minutes(burn, settings.BILLING_WARN_MINUTES):
             if running.filter(funds_warning_at__isnull=True).update(funds_warning_at=now):
                 warned += 1
@@ -275,27 +285,7 @@ def review_funds(
             state__in=Lease.ACTIVE_STATES,
             funds_warning_at__isnull=False,
         ).update(funds_warning_at=None)
-    return warned, released
-
-
-def _release_for_no_funds(
-    running: QuerySet[Lease], renter_id: int, balance: int, now: datetime
-) -> int:
-    # Imported here: hub/leases/services.py imports this module to price and settle leases.
-    from hub.leases.services import release_lease
-
-    released = 0
-    for lease_id in running.order_by("pk").values_list("pk", flat=True):
-        lease = release_lease(lease_id, Lease.EndReason.NO_FUNDS, now)
-        if lease.end_reason == Lease.EndReason.NO_FUNDS:
-            released += 1
-            log.info(
-                "released lease %s: renter %s is out of funds (balance %s)",
-                lease_id,
-                renter_id,
-                format_micros(balance),
-            )
-    return released
+    return warned, out_of_funds
 
 
 # --- adjustments --------------------------------------------------------------------------------
@@ -324,5 +314,6 @@ def adjust(account: User, amount_micros: int, reason: str, by: User) -> LedgerEn
         by.pk,
         reason,
     )
-    review_funds(renter_ids=[account.pk], release=False)
+    # A top-up clears warnings; releasing is the beat task's (never on an admin's click).
+    review_funds(renter_ids=[account.pk])
     return entry

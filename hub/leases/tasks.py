@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from hub.leases import services, stuck_releases
+from hub.leases import funds, services, stuck_releases
 from hub.leases.models import Command
 from hub.lib import channel_send
 
@@ -90,3 +90,16 @@ def expire_due_leases() -> int:
 @shared_task(name="leases.flag_stuck_releases")
 def flag_stuck_releases() -> int:
     return len(stuck_releases.flag_stuck_releases())
+
+
+@shared_task(name="leases.charge_and_release")
+def charge_and_release() -> dict[str, int]:
+    """The beat's billing sweep, every BILLING_INTERVAL_S; running it twice charges nothing
+    the second time."""
+    run = funds.charge_and_release()
+    return {
+        "leases": run.leases,
+        "charged_micros": run.charged_micros,
+        "warned": run.warned,
+        "released": run.released,
+    }

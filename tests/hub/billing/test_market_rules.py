@@ -21,8 +21,8 @@ from hub.billing import metering
 from hub.billing import services as billing
 from hub.catalog.offers import list_offers
 from hub.fleet.services import fleet_summary
+from hub.leases import funds, stuck_releases
 from hub.leases import services as leases
-from hub.leases import stuck_releases
 from hub.leases.models import Command, Lease
 from hub.suppliers import services as suppliers
 from hub.suppliers.models import Gpu, Host
@@ -89,7 +89,7 @@ def test_a_failing_release_bills_nothing_after_stop_and_flags_the_host(
         release = f.command_of(lease, Command.Kind.RELEASE)
         later = t0 + timedelta(minutes=minute)
         assert f.ack(release, ok=False, error="container would not stop", now=later)
-        billing.charge_running_leases(now=later)
+        funds.charge_and_release(now=later)
     lease.refresh_from_db()
     assert lease.state == State.STOPPING
     assert lease.charged_micros == 40 * PRICE // 3600  # 40 s, not 11 minutes
@@ -147,7 +147,7 @@ def test_a_stop_before_running_bills_nothing_even_if_the_container_starts(
         result={"container_id": "c1"},
         now=t0 + timedelta(seconds=30),
     )
-    billing.charge_running_leases(now=t0 + timedelta(minutes=10))
+    funds.charge_and_release(now=t0 + timedelta(minutes=10))
     lease.refresh_from_db()
     assert lease.running_since is None
     assert lease.charged_micros == 0

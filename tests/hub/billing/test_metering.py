@@ -12,9 +12,10 @@ from pytest_django.fixtures import SettingsWrapper
 
 from hub.accounts.models import User
 from hub.billing import services as billing
-from hub.billing import tasks
 from hub.billing.models import LedgerEntry
+from hub.leases import funds
 from hub.leases import services as leases
+from hub.leases import tasks as lease_tasks
 from hub.leases.models import Command, Lease
 from hub.suppliers.models import Gpu, Host
 from tests.hub import factories as f
@@ -96,7 +97,7 @@ def funded_lease(host: Host, renter: User, admin_user: User) -> Lease:
 def test_ninety_seconds_are_charged_exactly_and_split_with_the_fee(
     funded_lease: Lease, renter: User, host: Host
 ) -> None:
-    run = billing.charge_running_leases(now=_at(funded_lease, 90))
+    run = funds.charge_and_release(now=_at(funded_lease, 90))
 
     assert run.charged_micros == 90_000
     assert billing.balance_micros(renter) == 10 * UNIT - 90_000
@@ -109,7 +110,7 @@ def test_ninety_seconds_are_charged_exactly_and_split_with_the_fee(
 
 
 def test_partial_seconds_are_not_charged(funded_lease: Lease) -> None:
-    billing.charge_running_leases(now=_at(funded_lease, 90.999))
+    funds.charge_and_release(now=_at(funded_lease, 90.999))
     assert _charged(funded_lease) == 90_000
 
 
@@ -124,16 +125,16 @@ def test_the_price_is_the_sum_of_the_leased_gpus_fixed_at_start(
     assert lease.platform_fee_bps == 1000
 
     _price(host, 50 * UNIT, (0, 1))  # the supplier raises the price mid-lease
-    billing.charge_running_leases(now=_at(lease, 90))
+    funds.charge_and_release(now=_at(lease, 90))
 
     assert _charged(lease) == 90_000
 
 
 def test_running_the_task_twice_charges_nothing_the_second_time(funded_lease: Lease) -> None:
     now = _at(funded_lease, 300)
-    first = billing.charge_running_leases(now=now)
+    first = funds.charge_and_release(now=now)
     rows = LedgerEntry.objects.count()
-    second = billing.charge_running_leases(now=now)
+    second = funds.charge_and_release(now=now)
 
     assert (first.charged_micros, second.charged_micros) == (300_000, 0)
     assert LedgerEntry.objects.count() == rows
@@ -149,8 +150,8 @@ def test_many_small_batches_charge_what_one_big_batch_does(
     assert lease.platform_fee_bps == 333
 
     for second in range(1, 3601, 7):
-        billing.charge_running_leases(now=_at(lease, second))
-    billing.charge_running_leases(now=_at(lease, 3600))
+        funds.charge_and_release(now=_at(lease, second))
+    funds.charge_and_release(now=_at(lease, 3600))
 
     charged = _charged(lease)
     assert charged == 1_234_567  # an hour, to the micro
@@ -161,12 +162,12 @@ def test_many_small_batches_charge_what_one_big_batch_does(
 
 def test_a_free_lease_writes_no_ledger_rows(host: Host, renter: User) -> None:
     lease = _run(host, renter)  # price 0, balance 0: allowed
-    billing.charge_running_leases(now=_at(lease, 3600))
+    funds.charge_and_release(now=_at(lease, 3600))
     assert not LedgerEntry.objects.exists()
 
 
 def test_the_celery_task_runs_the_service(funded_lease: Lease) -> None:
-    result = tasks.charge_running_leases.apply().get()
+    result = lease_tasks.charge_and_release.apply().get()
     assert set(result) == {"leases", "charged_micros", "warned", "released"}
     assert result["leases"] == 1
     assert result["charged_micros"] == _charged(funded_lease)
@@ -179,7 +180,7 @@ def test_a_past_outage_is_not_charged(funded_lease: Lease, host: Host) -> None:
     leases.note_host_lost(host.pk, _at(funded_lease, 30))
     leases.note_host_back(host.pk, _at(funded_lease, 130))
 
-    billing.charge_running_leases(now=_at(funded_lease, 190))
+    funds.charge_and_release(now=_at(funded_lease, 190))
 
     assert _charged(funded_lease) == 90_000  # 30 s before, 60 s after
 
@@ -187,8 +188,8 @@ def test_a_past_outage_is_not_charged(funded_lease: Lease, host: Host) -> None:
 def test_an_ongoing_outage_is_not_charged(funded_lease: Lease, host: Host) -> None:
     leases.note_host_lost(host.pk, _at(funded_lease, 60))
 
-    billing.charge_running_leases(now=_at(funded_lease, 600))
-    billing.charge_running_leases(now=_at(funded_lease, 900))
+    funds.charge_and_release(now=_at(funded_lease, 600))
+    funds.charge_and_release(now=_at(funded_lease, 900))
 
     assert _charged(funded_lease) == 60_000
 
@@ -199,7 +200,7 @@ def test_an_ongoing_outage_is_not_charged(funded_lease: Lease, host: Host) -> No
 def test_a_lease_that_ends_is_settled_exactly_up_to_ended_at(
     funded_lease: Lease, host: Host
 ) -> None:
-    billing.charge_running_leases(now=_at(funded_lease, 40))
+    funds.charge_and_release(now=_at(funded_lease, 40))
     # The host comes back without the lease: it ends at that instant.
     with transaction.atomic():
         leases.reconcile_claims(host, (), _at(funded_lease, 90))
@@ -209,7 +210,7 @@ def test_a_lease_that_ends_is_settled_exactly_up_to_ended_at(
     assert funded_lease.ended_at == _at(funded_lease, 90)
     assert funded_lease.billing_settled_at is not None
     assert _charged(funded_lease) == 90_000
-    billing.charge_running_leases(now=_at(funded_lease, 7200))
+    funds.charge_and_release(now=_at(funded_lease, 7200))
     assert _charged(funded_lease) == 90_000
 
 
@@ -222,7 +223,7 @@ def test_a_lease_ended_by_its_release_is_charged_up_to_ended_at(funded_lease: Le
 
     seconds = (funded_lease.ended_at - funded_lease.running_since) // timedelta(seconds=1)
     assert _charged(funded_lease) == PRICE * seconds // 3600
-    assert billing.charge_running_leases(now=_at(funded_lease, 7200)).leases == 0
+    assert funds.charge_and_release(now=_at(funded_lease, 7200)).leases == 0
 
 
 def test_a_lease_lost_with_its_host_is_charged_until_the_host_went_away(
@@ -235,7 +236,7 @@ def test_a_lease_lost_with_its_host_is_charged_until_the_host_went_away(
     assert ended == [str(funded_lease.pk)]
     # The host returns later: its outage is recorded on the ended lease, which stays settled.
     leases.note_host_back(host.pk, _at(funded_lease, 5000))
-    billing.charge_running_leases(now=_at(funded_lease, 6000))
+    funds.charge_and_release(now=_at(funded_lease, 6000))
 
     assert _charged(funded_lease) == 50_000
 
@@ -245,8 +246,8 @@ def test_an_ended_lease_left_unsettled_is_settled_by_the_task(funded_lease: Leas
     Lease.objects.filter(pk=funded_lease.pk).update(
         state=State.ENDED, ended_at=_at(funded_lease, 120)
     )
-    billing.charge_running_leases(now=_at(funded_lease, 3600))
-    billing.charge_running_leases(now=_at(funded_lease, 7200))
+    funds.charge_and_release(now=_at(funded_lease, 3600))
+    funds.charge_and_release(now=_at(funded_lease, 7200))
 
     funded_lease.refresh_from_db()
     assert funded_lease.billing_settled_at is not None
@@ -266,7 +267,7 @@ def test_the_task_and_an_ending_lease_racing_charge_once(transactional_db: None)
     def meter() -> None:
         try:
             barrier.wait()
-            billing.charge_running_leases(now=now)
+            funds.charge_and_release(now=now)
         except BaseException as exc:  # collected and checked below
             errors.append(exc)
         finally:
@@ -318,12 +319,12 @@ def test_a_renter_running_low_is_warned_and_the_warning_clears_on_top_up(
     funded_lease: Lease, renter: User, admin_user: User
 ) -> None:
     # $10 at $3.60/h lasts 166 minutes; past 157 minutes less than 10 are left.
-    billing.charge_running_leases(now=_at(funded_lease, 150 * 60))
+    funds.charge_and_release(now=_at(funded_lease, 150 * 60))
     funded_lease.refresh_from_db()
     assert funded_lease.funds_warning_at is None
 
     warn_at = _at(funded_lease, 158 * 60)
-    run = billing.charge_running_leases(now=warn_at)
+    run = funds.charge_and_release(now=warn_at)
     funded_lease.refresh_from_db()
     assert run.warned == 1
     assert funded_lease.funds_warning_at == warn_at
@@ -341,13 +342,13 @@ def test_a_renter_out_of_funds_is_warned_then_released_with_no_funds(
     _fund(renter, 120_000, admin_user)  # two minutes
     lease = _run(host, renter)
 
-    run = billing.charge_running_leases(now=_at(lease, 30))
+    run = funds.charge_and_release(now=_at(lease, 30))
     lease.refresh_from_db()
     assert (run.warned, run.released) == (1, 0)
     assert lease.funds_warning_at is not None
     assert lease.state == State.RUNNING
 
-    run = billing.charge_running_leases(now=_at(lease, 70))  # 50 s (50,000) left
+    run = funds.charge_and_release(now=_at(lease, 70))  # 50 s (50,000) left
     lease.refresh_from_db()
     assert run.released == 1
     assert (lease.state, lease.end_reason) == (State.STOPPING, Lease.EndReason.NO_FUNDS)
@@ -364,7 +365,7 @@ def test_a_balance_at_zero_releases_every_priced_lease_of_the_renter(
     # A correction takes the balance to zero: neither rental can pay its next minute.
     billing.adjust(renter, -120_000, "chargeback", admin_user)
 
-    run = billing.charge_running_leases(now=_at(second, 0))
+    run = funds.charge_and_release(now=_at(second, 0))
 
     assert run.released == 2
     for lease in (first, second):
@@ -374,7 +375,7 @@ def test_a_balance_at_zero_releases_every_priced_lease_of_the_renter(
 
 def test_free_leases_run_on_with_a_zero_balance(host: Host, renter: User) -> None:
     lease = _run(host, renter)
-    run = billing.charge_running_leases(now=_at(lease, 7200))
+    run = funds.charge_and_release(now=_at(lease, 7200))
     lease.refresh_from_db()
     assert (run.warned, run.released) == (0, 0)
     assert (lease.state, lease.funds_warning_at) == (State.RUNNING, None)

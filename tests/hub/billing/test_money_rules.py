@@ -34,6 +34,7 @@ from hypothesis.stateful import (
 from hub.billing import metering
 from hub.billing import services as billing
 from hub.billing.models import LedgerEntry
+from hub.leases import funds
 from hub.leases import services as leases
 from hub.leases.models import Command, Lease
 from hub.suppliers import services as suppliers
@@ -123,7 +124,7 @@ class MoneyRules(RuleBasedStateMachine):
 
     @rule()
     def billing_sweep(self) -> None:
-        billing.charge_running_leases(now=self.clock)
+        funds.charge_and_release(now=self.clock)
         # The funds sweep may have stopped leases of renters who ran out: learn when.
         for rental in self._live():
             stop = Lease.objects.values_list("stop_requested_at", flat=True).get(pk=rental.id)
