@@ -43,6 +43,7 @@ def figures(quick: bool, agents: int) -> list[list[str]]:
             str(max(600, agents // 8)),
         ],
         ["bench.web_load", "--seconds", "30" if quick else "120"],
+        ["bench.protocol_parse", "--rounds", "3" if quick else "7"],
         # Needs root, openssh-server and nginx (it runs the real gateway); says so otherwise.
         ["bench.tunnel", *(["--requests", "300", "--rounds", "1"] if quick else [])],
     ]
