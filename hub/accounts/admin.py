@@ -1,18 +1,14 @@
 from __future__ import annotations
 
 from django.contrib import admin, messages
-from django.contrib.auth.admin import UserAdmin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from hub.accounts.api_tokens import revoke_api_token
-from hub.accounts.models import ApiToken, User
-from hub.billing.admin import BalanceAdminMixin
+from hub.accounts.models import ApiToken
 
-
-@admin.register(User)
-class HubUserAdmin(BalanceAdminMixin, UserAdmin):
-    list_display = (*UserAdmin.list_display, "balance")
+# The User admin (with balances and "Adjust balance") is registered by hub/billing/admin.py:
+# billing builds on accounts, not the other way round.
 
 
 @admin.register(ApiToken)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.auth.admin import UserAdmin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -103,3 +104,8 @@ class BalanceAdminMixin:
 
     def has_adjust_balance_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("billing.add_ledgerentry")
+
+
+@admin.register(User)
+class HubUserAdmin(BalanceAdminMixin, UserAdmin):
+    list_display = (*UserAdmin.list_display, "balance")

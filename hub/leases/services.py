@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from celery import current_app
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
@@ -26,6 +27,7 @@ from hub.leases import cache_volumes, commands
 from hub.leases.models import Command, Lease, LeaseGpu
 from hub.suppliers.models import Gpu, Host
 from hub.tunnels import services as tunnels
+from hub.volumes.services import VolumeError, note_mounted
 from supplier_agent.protocol import Ack, ClaimState, ContainerExited
 from supplier_agent.protocol import Command as CommandMessage
 
@@ -74,6 +76,8 @@ class LeaseSpec:
 
 
 RELEASE_RETRY_S = 60
+# hub/leases/tasks.py dispatch_command (tests/hub/leases/test_lease_services.py checks the name).
+DISPATCH_TASK = "leases.dispatch_command"
 
 
 def _queue_command(lease: Lease, message: CommandMessage, *, delay_s: int = 0) -> Command:
@@ -92,13 +96,14 @@ def _queue_command(lease: Lease, message: CommandMessage, *, delay_s: int = 0) -
     )
     command.deadline = now + timedelta(seconds=settings.COMMAND_DEADLINES_S[kind])
     command.save()
-    from hub.leases.tasks import dispatch_command
-
     # Celery's delay_on_commit, made robust: with the broker down the row still commits and
-    # the redispatch sweep sends it later, instead of the renter's request failing.
+    # the redispatch sweep sends it later, instead of the renter's request failing. Sent by
+    # name: the task module (hub/leases/tasks.py) builds on this one, not the other way round.
     command_id = str(command.id)
     if not delay_s:
-        transaction.on_commit(lambda: dispatch_command.delay(command_id), robust=True)
+        transaction.on_commit(
+            lambda: current_app.send_task(DISPATCH_TASK, args=[command_id]), robust=True
+        )
     return command
 
 
@@ -181,9 +186,6 @@ def start_lease(
                 platform_fee_bps=settings.PLATFORM_FEE_BPS,
                 stop_at=timezone.now() + spec.stop_after if spec.stop_after else None,
             )
-            # Imported here: hub/volumes builds on leases, not the other way round.
-            from hub.volumes.services import VolumeError, note_mounted
-
             try:
                 note_mounted(lease, timezone.now())
             except VolumeError as exc:

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.utils import timezone
 from redis.exceptions import RedisError
 
+from hub.leases.models import Lease
 from hub.suppliers import heartbeat_batch, stats, transitions
 from hub.suppliers.models import Gpu
 from supplier_agent.protocol import Heartbeat, encode
@@ -123,8 +124,6 @@ def foreign_processes(message: Heartbeat) -> dict[str, list[ForeignProcess]]:
 def flag_foreign_processes(host_id: int, found: dict[str, list[ForeignProcess]]) -> None:
     """Mark the leases and GPUs where another platform's processes showed up (renter and admin
     see it); the first sighting is kept."""
-    from hub.leases.models import Lease
-
     now = timezone.now()
     Lease.objects.filter(
         host_id=host_id, pk__in=list(found), foreign_process_seen_at__isnull=True

@@ -17,6 +17,9 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from hub.accounts.models import User
+from hub.catalog.prepull import images_for
+from hub.leases.models import Lease
+from hub.leases.services import reconcile_claims
 from hub.lib import channel_send, tokens
 from hub.suppliers import liveness, transitions
 from hub.suppliers.models import AgentToken, Gpu, Host
@@ -128,8 +131,6 @@ def probe_registration(token_id: int, message: Register) -> str:
 
 
 def register_host(token_id: int, message: Register, channel_name: str) -> Registered:
-    from hub.leases.services import reconcile_claims
-
     now = timezone.now()
     with transaction.atomic():
         token = AgentToken.objects.select_related("owner").get(pk=token_id)
@@ -179,8 +180,6 @@ def register_host(token_id: int, message: Register, channel_name: str) -> Regist
                 previous_channel, {"type": "agent.superseded"}
             ),
         )
-    from hub.catalog.prepull import images_for  # the catalogue builds on suppliers, not back
-
     return Registered(host_id=host.pk, desired_claims=desired, prepull_images=images_for(host.pk))
 
 
@@ -200,15 +199,12 @@ def _refuse_takeover(host: Host, token_id: int, machine_id: str) -> None:
             + ": was the agent's state folder copied? Each machine needs its own state folder "
             "(run `cloudgpu-agent configure` with a fresh --state there)"
         )
-    if other_machine:
-        from hub.leases.models import Lease  # leases build on suppliers, not back
-
-        if Lease.objects.filter(host=host, state__in=Lease.ACTIVE_STATES).exists():
-            raise RegistrationRefused(
-                "agent id belongs to another machine, whose rentals are still active on the "
-                "hub: was the agent's state folder copied? Give this machine its own state "
-                "folder; the agent id moves only once those rentals have ended"
-            )
+    if other_machine and Lease.objects.filter(host=host, state__in=Lease.ACTIVE_STATES).exists():
+        raise RegistrationRefused(
+            "agent id belongs to another machine, whose rentals are still active on the "
+            "hub: was the agent's state folder copied? Give this machine its own state "
+            "folder; the agent id moves only once those rentals have ended"
+        )
 
 
 def _held_by_live_socket(host: Host) -> bool:

@@ -18,6 +18,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
+from hub.leases.services import note_host_back, note_host_lost
 from hub.suppliers.models import Host, HostTransition
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,6 @@ def set_online(host: Host, reason: str) -> None:
 def mark_offline(host_id: int, reason: str, now: datetime) -> bool:
     """The sweep's verdict: online -> offline, and the host's leases start their grace clock.
     False if the host was not online (another sweep, or it re-registered meanwhile)."""
-    from hub.leases.services import note_host_lost
-
     with transaction.atomic():
         changed = Host.objects.filter(pk=host_id, status=Status.ONLINE).update(
             status=Status.OFFLINE
@@ -59,8 +58,6 @@ def bring_back(host_id: int, reason: str, now: datetime | None = None) -> bool:
     """Heartbeats from a host the sweep marked offline: it came back on the same connection
     within the grace, so its leases go on (the time away is not billed). False if it was not
     offline."""
-    from hub.leases.services import note_host_back
-
     now = now or timezone.now()
     with transaction.atomic():
         changed = Host.objects.filter(pk=host_id, status=Status.OFFLINE).update(

@@ -629,3 +629,9 @@ def test_dispatch_sends_the_command_through_the_channel_layer(transactional_db: 
     assert command.state == Command.State.SENT
     assert command.attempts == 1
     assert command.sent_at is not None
+
+
+def test_services_send_commands_to_the_dispatch_task_by_its_name() -> None:
+    """The services enqueue the dispatch by name (the task module builds on them): the name
+    must be the task's."""
+    assert tasks.dispatch_command.name == services.DISPATCH_TASK
