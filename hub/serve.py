@@ -2,8 +2,8 @@
 
 Exactly Daphne's own command line, with one difference: nothing it logs can show an agent
 token. Why this exists: the original agents authenticate with the token in the URL
-(``/api/p2p/ws/<token>``, see DESIGN.md), and Daphne writes every request path to its access log
-and Django/Twisted write paths into error records; a token in a log file is a leaked
+(``/api/p2p/ws/<token>``, see docs/architecture.md), and Daphne writes every request path to
+its access log and Django/Twisted write paths into error records; a token in a log file is a leaked
 credential. So the access log stream and every root-logger handler pass through
 ``hub.lib.redact.redact`` on their way out.
 """
