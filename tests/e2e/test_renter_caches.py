@@ -14,8 +14,7 @@ from hub.accounts.models import User
 from hub.leases import services as lease_services
 from hub.leases.models import Lease
 from hub.suppliers.models import Host
-from tests.support.agents import agent_env, configure, running_agent
-from tests.support.fake_gpus import FakeGpuTable, fake_nvml_env
+from tests.support.docker_agent import docker_agent_online
 from tests.support.hub_stack import hub_stack
 from tests.support.polling import wait_for
 
@@ -71,27 +70,10 @@ def test_two_renters_of_one_template_never_share_a_cache(
     supplier = User.objects.create_user(username=f"supplier-{uuid.uuid4().hex[:6]}")
     alice = User.objects.create_user(username=f"alice{uuid.uuid4().hex[:6]}")
     bob = User.objects.create_user(username=f"bob{uuid.uuid4().hex[:6]}")
-    table = FakeGpuTable.create(tmp_path / "gpus.json", gpu_count=2)
-    env = agent_env(**fake_nvml_env(table.path))
-    locks = tmp_path / "locks"
-    locks.mkdir()
     volumes_before = {v.name for v in docker_client.volumes.list()}
     with hub_stack(tmp_path) as stack:
-        token = stack.manage(
-            "hub", "token", "create", "--owner", supplier.username, "--default-price", "0"
-        )
-        state = tmp_path / "agent"
-        configured = configure(
-            state, stack.url(), token, "--gpu-devices", "none", "--lock-dir", str(locks), env=env
-        )
-        assert configured.returncode == 0, configured.stderr
         try:
-            with running_agent(state, tmp_path / "agent.log", env=env):
-                host = wait_for(
-                    lambda: Host.objects.filter(owner=supplier, status="online").first(),
-                    timeout_s=60,
-                    what="host online",
-                )
+            with docker_agent_online(stack, tmp_path, supplier, gpu_count=2) as host:
                 # At the same time, on the same host.
                 alices, bobs = (
                     _rent(alice, host, 0, busybox_image),

@@ -16,8 +16,7 @@ from hub.leases.models import Lease
 from hub.suppliers.models import Host
 from hub.volumes import services as volumes
 from hub.volumes.models import Volume
-from tests.support.agents import agent_env, configure, running_agent
-from tests.support.fake_gpus import FakeGpuTable, fake_nvml_env
+from tests.support.docker_agent import docker_agent_online
 from tests.support.hub_stack import hub_stack
 from tests.support.polling import wait_for
 
@@ -69,27 +68,10 @@ def test_a_renters_volume_outlives_rentals_reports_usage_and_is_deleted_from_the
 ) -> None:
     supplier = User.objects.create_user(username=f"supplier-{uuid.uuid4().hex[:6]}")
     alice = User.objects.create_user(username=f"alice{uuid.uuid4().hex[:6]}")
-    table = FakeGpuTable.create(tmp_path / "gpus.json", gpu_count=1)
-    env = agent_env(**fake_nvml_env(table.path))
-    locks = tmp_path / "locks"
-    locks.mkdir()
     before = _docker_volumes(docker_client)
     with hub_stack(tmp_path) as stack:
-        token = stack.manage(
-            "hub", "token", "create", "--owner", supplier.username, "--default-price", "0"
-        )
-        state = tmp_path / "agent"
-        configured = configure(
-            state, stack.url(), token, "--gpu-devices", "none", "--lock-dir", str(locks), env=env
-        )
-        assert configured.returncode == 0, configured.stderr
         try:
-            with running_agent(state, tmp_path / "agent.log", env=env):
-                host = wait_for(
-                    lambda: Host.objects.filter(owner=supplier, status="online").first(),
-                    timeout_s=60,
-                    what="host online",
-                )
+            with docker_agent_online(stack, tmp_path, supplier) as host:
                 volume = volumes.create_volume(alice, host, "datasets", 1)
                 first = _rent(
                     alice,
