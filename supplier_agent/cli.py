@@ -15,6 +15,7 @@ import platform
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from supplier_agent import __version__
 from supplier_agent.config import (
@@ -32,6 +33,9 @@ from supplier_agent.config import (
 from supplier_agent.egress import parse_allowed
 from supplier_agent.limits import parse_reserve
 from supplier_agent.state import StateInUse
+
+if TYPE_CHECKING:  # the runtimes import Docker or the mock lazily, per command
+    from supplier_agent.runtime import Runtime
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_ANSWER, EXIT_TOKEN_REJECTED = 0, 1, 2, 3, 4
 
@@ -268,7 +272,7 @@ def cmd_upgrade(args: argparse.Namespace, config: AgentConfig) -> int:
         return EXIT_ERROR
 
 
-def make_runtime(config: AgentConfig, agent_id: str) -> object:
+def make_runtime(config: AgentConfig, agent_id: str) -> Runtime:
     if config.runtime == "mock":
         from supplier_agent.mock_runtime import MockRuntime
 

@@ -602,7 +602,8 @@ class ContainerRuntime:
             raw = self.client.api.logs(container_id, stdout=True, stderr=True, tail=LOG_TAIL_LINES)
         except NotFound:
             return ""
-        return raw.decode("utf-8", "replace")[-LOG_TAIL_CHARS:]
+        text: str = raw.decode("utf-8", "replace")
+        return text[-LOG_TAIL_CHARS:]
 
     def _remove_container(self, lease_id: str, container_id: str) -> bool:
         self._exits.ignore(container_id)

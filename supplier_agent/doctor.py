@@ -97,7 +97,7 @@ def _gpu_rows(client: object | None) -> list[Row]:
         return [driver_row, Row("gpu", "fail", f"{names}; Docker is unreachable")]
     from supplier_agent.containers import nvidia_runtime_available
 
-    if not nvidia_runtime_available(client):  # type: ignore[arg-type]
+    if not nvidia_runtime_available(client):
         return [
             driver_row,
             Row("gpu", "fail", f"{names}; containers cannot get GPUs: {TOOLKIT_FIX}"),

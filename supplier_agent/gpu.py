@@ -199,7 +199,8 @@ class Nvml:
             0,
             lambda: int(self._call("nvmlDeviceGetUtilizationRates", handle).gpu),
         )
-        processes = self._field(index, "processes", [], lambda: self._processes(handle))
+        no_processes: list[GpuProcess] = []
+        processes = self._field(index, "processes", no_processes, lambda: self._processes(handle))
         total = int(memory.total) if memory is not None else 0
         used = int(memory.used) if memory is not None else 0
         return GpuState(

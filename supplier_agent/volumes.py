@@ -316,7 +316,8 @@ class VolumeJanitor:
     def _load_state(self, now: float) -> dict[str, Any]:
         """The renter-volume state, corrupt parts dropped and removals older than 7 days gone."""
         data = _read_json(self.volumes_path)
-        removed = data.get("removed") if isinstance(data.get("removed"), dict) else {}
+        found = data.get("removed")
+        removed: dict[Any, Any] = found if isinstance(found, dict) else {}
         return {
             "bytes": _int_map(data.get("bytes")),
             "caps": _int_map(data.get("caps")),

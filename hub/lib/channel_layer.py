@@ -25,14 +25,15 @@ RETRY_CAP_S = 5.0
 _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
 
 
-class ResilientRedisChannelLayer(RedisChannelLayer):
+# channels_redis ships no type information: to mypy its layer is Any.
+class ResilientRedisChannelLayer(RedisChannelLayer):  # type: ignore[misc]
     _outage_logged = False
 
     async def receive(self, channel: str) -> dict[str, Any]:
         delay = RETRY_FIRST_S
         while True:
             try:
-                message = await super().receive(channel)
+                message: dict[str, Any] = await super().receive(channel)
             except _UNREACHABLE as exc:
                 if not ResilientRedisChannelLayer._outage_logged:
                     # One line per outage per process, not one per socket.

@@ -38,7 +38,7 @@ from twisted.web.http import HTTPChannel
 
 def replace_http_factory(factory: type) -> None:
     """Make ``Server.run()`` build ``factory`` (a subclass of Daphne's HTTPFactory)."""
-    daphne_server.HTTPFactory = factory  # type: ignore[attr-defined]
+    daphne_server.HTTPFactory = factory
 
 
 def http_channel_of(protocol: Any) -> HTTPChannel:

@@ -342,5 +342,5 @@ class EmbeddedRedis:
                         ) from None
                     time.sleep(0.1)
         finally:
-            client.close()
+            client.close()  # type: ignore[no-untyped-call]  # redis-py 5 leaves it unannotated
         return url
