@@ -1,10 +1,17 @@
 """Agent <-> hub protocol, version 1: the one schema both sides validate every frame against.
 
 JSON text frames, one message each, ``{"type": ..., "v": 1, ...}``. The hub imports this
-module; it imports nothing but the standard library, so the agent never pulls in the hub.
+module; it imports only the standard library and msgspec, so the agent never pulls in the hub.
 
 ``parse_message`` turns a frame into a frozen dataclass or raises ``ProtocolError`` with a
 reason fit to send back in an ``error`` reply; ``encode`` turns a message into a frame.
+
+The schema is the hand-written validators below. Heartbeats, the hub's hot path, are decoded
+first by msgspec Structs with the same bounds (the fast path above ``parse_message``), 3.2x
+faster (12,090 against 3,761 frames/s for an 8-GPU heartbeat, docs/benchmarks.md); whatever
+they refuse is decided by the validators, so every reason is theirs. Next step: the message
+types themselves as Structs (18,355 frames/s, and encode 75x faster), with the validators'
+reasons kept for what msgspec refuses.
 """
 
 from __future__ import annotations
@@ -15,7 +22,9 @@ import math
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
+
+import msgspec
 
 from supplier_agent.image_policy import registry_refusal
 
@@ -1052,12 +1061,128 @@ HUB_TO_AGENT = frozenset(
 )
 
 
+# --- the heartbeat's fast path (msgspec) -------------------------------------------------------
+#
+# Heartbeats are the hub's hot path (one per host every 15 s, 86 % of their parse was the
+# validation above). msgspec decodes and bounds-checks them in C into these private Structs,
+# which become the same dataclasses; anything they refuse, for whatever reason, goes through
+# the validators above, which give the reason (or accept what these are stricter about: a UUID
+# not in canonical form, a leading zero in a port key). So they may refuse more, never accept
+# more, and tests/agent/test_protocol_fast_path.py holds them to it.
+
+_NonNegative = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+_GpuIndex = Annotated[int, msgspec.Meta(ge=0, le=MAX_GPUS_PER_LEASE - 1)]
+_Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+# No NUL; lone surrogates never get this far (msgspec refuses them as malformed JSON).
+_NO_NUL = "^[^\x00]*$"
+_CANONICAL_UUID = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+
+
+# Written out as aliases: msgspec resolves annotations by name (this module's future import).
+_Text96 = Annotated[str, msgspec.Meta(min_length=1, max_length=96, pattern=_NO_NUL)]
+_Text128 = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=_NO_NUL)]
+_Text256 = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=_NO_NUL)]
+_Text256OrEmpty = Annotated[str, msgspec.Meta(max_length=256, pattern=_NO_NUL)]
+
+
+class _FastProcess(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    pid: _NonNegative
+    name: _Text256OrEmpty = ""
+    memory_bytes: _NonNegative = 0
+
+
+class _FastGpu(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    index: _GpuIndex
+    uuid: _Text96
+    name: _Text256
+    memory_total_bytes: _NonNegative
+    memory_used_bytes: _NonNegative
+    utilization_pct: Annotated[int, msgspec.Meta(ge=0, le=100)]
+    processes: Annotated[tuple[_FastProcess, ...], msgspec.Meta(max_length=256)] = ()
+
+
+class _FastClaim(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    lease_id: Annotated[str, msgspec.Meta(pattern=_CANONICAL_UUID)]
+    gpu_indices: Annotated[tuple[_GpuIndex, ...], msgspec.Meta(max_length=MAX_GPUS_PER_LEASE)]
+    epoch: _NonNegative
+    container_id: _Text128 | None = None
+    # Port keys as the validators write them back: digits without a leading zero.
+    ports: dict[Annotated[str, msgspec.Meta(pattern="^[1-9][0-9]{0,4}$")], _Port] = {}
+    pids: Annotated[tuple[_NonNegative, ...], msgspec.Meta(max_length=MAX_PIDS)] = ()
+
+
+class _FastHeartbeat(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="heartbeat", tag_field="type"
+):
+    # Literal[1]: msgspec takes neither true nor 1.0 for it.
+    v: Literal[1]
+    gpus: Annotated[tuple[_FastGpu, ...], msgspec.Meta(max_length=MAX_GPUS_PER_LEASE)] = ()
+    claims: Annotated[tuple[_FastClaim, ...], msgspec.Meta(max_length=MAX_GPUS_PER_LEASE)] = ()
+
+
+class _NotAHeartbeat(msgspec.Struct, tag="\x00"):
+    """Never matches: decoding a union is what makes msgspec require the ``type`` tag (a lone
+    tagged Struct takes a frame without one)."""
+
+
+_FAST_HEARTBEAT: msgspec.json.Decoder[_FastHeartbeat | _NotAHeartbeat] = msgspec.json.Decoder(
+    _FastHeartbeat | _NotAHeartbeat
+)
+
+
+def _fast_heartbeat(frame: str) -> Heartbeat | None:
+    """The frame as a Heartbeat if msgspec takes it, else None (the validators decide)."""
+    try:
+        fast = _FAST_HEARTBEAT.decode(frame)
+    except (msgspec.MsgspecError, UnicodeEncodeError):  # the latter: a str with a surrogate
+        return None
+    if not isinstance(fast, _FastHeartbeat):
+        return None
+    if len({gpu.index for gpu in fast.gpus}) != len(fast.gpus):
+        return None
+    claims = []
+    for claim in fast.claims:
+        if any(int(port) > 65535 for port in claim.ports):
+            return None
+        claims.append(
+            ClaimState(
+                claim.lease_id,
+                claim.gpu_indices,
+                claim.epoch,
+                claim.container_id,
+                claim.ports,
+                claim.pids,
+            )
+        )
+    gpus = tuple(
+        GpuState(
+            gpu.index,
+            gpu.uuid,
+            gpu.name,
+            gpu.memory_total_bytes,
+            gpu.memory_used_bytes,
+            gpu.utilization_pct,
+            tuple(GpuProcess(p.pid, p.name, p.memory_bytes) for p in gpu.processes),
+        )
+        for gpu in fast.gpus
+    )
+    return Heartbeat(gpus=gpus, claims=tuple(claims))
+
+
 def parse_message(frame: str | bytes, *, allowed: frozenset[str] | None = None) -> Message:
     """Validate one frame; ``allowed`` limits the types the receiving side accepts."""
     if isinstance(frame, bytes):
         raise ProtocolError("binary frames are not part of the protocol; send JSON text")
-    if len(frame.encode("utf-8", errors="surrogatepass")) > MAX_FRAME_BYTES:
+    # At most 4 bytes of UTF-8 per character: only a long frame needs measuring.
+    if (
+        len(frame) > MAX_FRAME_BYTES // 4
+        and len(frame.encode("utf-8", errors="surrogatepass")) > MAX_FRAME_BYTES
+    ):
         raise ProtocolError(f"frame larger than {MAX_FRAME_BYTES} bytes")
+    if allowed is None or "heartbeat" in allowed:
+        heartbeat = _fast_heartbeat(frame)
+        if heartbeat is not None:
+            return heartbeat
     try:
         data = json.loads(frame)
     except (ValueError, RecursionError):  # JSONDecodeError, and ints past the digit limit

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
@@ -119,7 +119,8 @@ def paid_until(lease: Lease) -> str | None:
     burn = max(billing.committed_burn_per_hour(lease.renter_id), lease.price_per_hour_micros)
     balance = max(0, billing.balance_micros(lease.renter))
     carried = min(timedelta(seconds=balance * 3600 // burn), PAID_UNTIL_HORIZON)
-    return (timezone.now() + carried).isoformat()
+    until: datetime = timezone.now() + carried
+    return until.isoformat()
 
 
 def payload(message: CommandMessage) -> dict[str, Any]:
