@@ -22,7 +22,7 @@ import math
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, cast
 
 import msgspec
 
@@ -131,7 +131,7 @@ def _str(value: Any, where: str, *, max_len: int = MAX_STR, allow_empty: bool = 
         raise ProtocolError(f"{where} contains a NUL character")
     if _SURROGATE.search(value):
         raise ProtocolError(f"{where} is not valid UTF-8 (a lone surrogate)")
-    return value
+    return cast(str, value)  # checked by _expect above
 
 
 def _int(value: Any, where: str, *, lo: int | None = None, hi: int | None = None) -> int:
@@ -143,7 +143,7 @@ def _int(value: Any, where: str, *, lo: int | None = None, hi: int | None = None
         raise ProtocolError(f"{where} must be at least {lo}")
     if hi is not None and value > hi:
         raise ProtocolError(f"{where} must be at most {hi}")
-    return value
+    return cast(int, value)
 
 
 def _uuid(value: Any, where: str) -> str:
@@ -158,7 +158,7 @@ def _list(value: Any, where: str, *, max_items: int) -> list[Any]:
     _expect(value, list, where)
     if len(value) > max_items:
         raise ProtocolError(f"{where} has more than {max_items} items")
-    return value
+    return cast("list[Any]", value)
 
 
 def _str_list(value: Any, where: str, *, max_items: int = 256) -> tuple[str, ...]:
@@ -189,15 +189,15 @@ def _port_key(value: str, where: str) -> str:
 
 
 def validate_image(value: Any, where: str = "image") -> str:
-    _str(value, where, max_len=512)
-    if not _IMAGE.fullmatch(value):
+    image = _str(value, where, max_len=512)
+    if not _IMAGE.fullmatch(image):
         raise ProtocolError(
-            f"{where} {value!r} is not a valid image reference (e.g. pytorch/pytorch:2.5.1)"
+            f"{where} {image!r} is not a valid image reference (e.g. pytorch/pytorch:2.5.1)"
         )
-    refusal = registry_refusal(value)
+    refusal = registry_refusal(image)
     if refusal is not None:
         raise ProtocolError(refusal)
-    return value
+    return image
 
 
 def validate_env(value: Any, where: str = "env") -> dict[str, str]:
@@ -704,7 +704,7 @@ class Reserve(Command):
         base = cls._base(data)
         gpus = data.get("gpus")
         parse_gpu_selector(gpus, "reserve.gpus")
-        return cls(**base, gpus=gpus)
+        return cls(**base, gpus=cast(str, gpus))  # a selector is a string
 
     @property
     def selector(self) -> tuple[int, ...] | tuple[str, ...]:
@@ -929,7 +929,7 @@ class DockerRun(Command):
 
 
 def _tunnel_for(data: Any, ports: tuple[int, ...]) -> TunnelSpec | None:
-    tunnel = _optional(data, TunnelSpec.parse, "docker_run.tunnel")
+    tunnel: TunnelSpec | None = _optional(data, TunnelSpec.parse, "docker_run.tunnel")
     if tunnel is not None and any(f.port not in ports for f in tunnel.forwards):
         raise ProtocolError("docker_run.tunnel forwards a port the container does not declare")
     return tunnel
