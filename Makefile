@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: run test lint format venv clean
+.PHONY: run test test-fast lint format venv clean
 
 venv: $(STAMP)
 
@@ -20,6 +20,11 @@ run: venv
 
 test: venv lint
 	$(BIN)/python -m hub.runner exec --state .state/test -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The fast lane (README, "What `make test` runs"): unit and services tests only; no Docker,
+# browser or hub processes. Same services as `make test`; no lint.
+test-fast: venv
+	$(BIN)/python -m hub.runner exec --state .state/test -- $(BIN)/python -m pytest -m "(unit or services) and not docker and not slow" $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

@@ -3,12 +3,14 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import sys
 import tarfile
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -21,6 +23,97 @@ def pytest_configure(config: pytest.Config) -> None:
     # Sign-ups are throttled per address across runs (Redis keeps the counters); only
     # tests/hub/web/test_login_limits.py, which lowers it, tests the throttle.
     settings.SIGNUP_RATE_LIMIT = 100_000
+    # Passwords hashed here (create_user, admin_client, sign-ups through the test client) take
+    # Django's million PBKDF2 rounds, most of a second on the 2-core VM; a thousand will do.
+    # Still pbkdf2_sha256, so the hubs the tests start verify them (the rounds are in the hash).
+    settings.PASSWORD_HASHERS = ["tests.conftest.FastPBKDF2PasswordHasher"]
+
+
+# --- Lanes (README, "What `make test` runs"). Every test gets one of unit / services / e2e /
+# browser; `make test-fast` runs `-m "(unit or services) and not docker and not slow"`.
+# The lane, first match:
+#   a lane marker written on the test (or its module's pytestmark) wins;
+#   the `browser` fixture (tests/web/conftest.py) -> browser;
+#   tests/e2e/, or a module in E2E_ELSEWHERE -> e2e;
+#   the database (a django_db mark, the db/transactional_db fixtures) or Redis (a module that
+#   does `import redis`) -> services;
+#   anything else -> unit.
+# Besides: the docker_client or busybox_image fixture (directly or through another) -> docker;
+# a node id starting with an entry of SLOW -> slow.
+LANES = ("unit", "services", "e2e", "browser")
+TESTS_ROOT = Path(__file__).resolve().parent
+# Outside tests/e2e but starting a hub (hub_stack, web_only) or its processes (Daphne, Celery,
+# hub.runner with embedded services) the way the end-to-end tests do.
+E2E_ELSEWHERE = {
+    "hub/api/test_schema_live.py",
+    "hub/installer/test_install_script.py",
+    "hub/test_celery_roundtrip.py",
+    "hub/test_channels_cross_process.py",
+    "hub/test_serve_redaction.py",
+    "hub/test_runner.py",
+    "web/test_install_command.py",
+}
+# Unit and services tests that take seconds by design (--durations on the 2-core VM): keep
+# `make test-fast` under 90 s by leaving them to `make test`.
+SLOW = (
+    "agent/test_upgrade.py",  # builds virtualenvs, runs a hub peer and agents: ~40 s
+    "agent/test_package.py",  # pip-installs the agent into a fresh virtualenv: ~20 s
+    "agent/test_smoke.py::test_smoke_exits_3_when_",  # waits out the 10 s answer limit, twice
+    "hub/billing/test_money_rules.py::test_money_rules_hold_over_random_market_histories",
+    "hub/billing/test_metering.py::test_many_small_batches_charge_what_one_big_batch_does",
+    "hub/health/test_healthz.py::test_healthz_names_both_when_neither_is_reachable",
+    "hub/suppliers/test_hostile_agents.py::test_a_hostile_agents_heartbeats_are_stored_",
+    "hub/suppliers/test_agent_socket.py::test_malformed_frames_get_an_error_reply_",
+    # Real agent or ssh processes against an in-test hub peer or sshd: 1-2.5 s each.
+    "agent/test_agent_mock.py",
+    "agent/test_tunnels.py",
+    "hub/installer/test_agent_wheel.py",  # builds the agent wheel
+    # Each runs Django in a subprocess, 1.5-3 s.
+    "hub/test_settings.py::test_a_pool_size_of_zero_",
+    "hub/test_settings.py::test_a_secret_key_shorter_",
+    "hub/test_settings.py::test_check_deploy_",
+    "hub/test_settings.py::test_connections_are_pooled_",
+    "hub/test_settings.py::test_debug_tolerates_",
+    # Wait out a socket timeout or push a flood through the consumer: ~2 s each.
+    "hub/suppliers/test_agent_socket.py::test_a_socket_that_never_registers_",
+    "hub/suppliers/test_agent_socket.py::test_after_a_flood_close_",
+    "hub/suppliers/test_agent_socket.py::test_another_token_cannot_take_over_",
+    "hub/suppliers/test_agent_socket.py::test_log_chunks_",
+)
+DB_FIXTURES = {"db", "transactional_db", "live_server"}
+DOCKER_FIXTURES = {"docker_client", "busybox_image"}
+
+
+def _lane(item: pytest.Item, where: str) -> str:
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if "browser" in fixtures:
+        return "browser"
+    if where.startswith("e2e/") or where in E2E_ELSEWHERE:
+        return "e2e"
+    if item.get_closest_marker("django_db") or fixtures & DB_FIXTURES:
+        return "services"
+    module = getattr(item, "module", None)
+    redis = sys.modules.get("redis")
+    if module is not None and redis is not None and redis in vars(module).values():
+        return "services"
+    return "unit"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        where = item.path.resolve().relative_to(TESTS_ROOT).as_posix()
+        if not any(item.get_closest_marker(lane) for lane in LANES):
+            item.add_marker(getattr(pytest.mark, _lane(item, where)))
+        if set(getattr(item, "fixturenames", ())) & DOCKER_FIXTURES:
+            item.add_marker(pytest.mark.docker)
+        node = where + item.nodeid.partition(".py")[2]
+        if node.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
+
+
+class FastPBKDF2PasswordHasher(PBKDF2PasswordHasher):
+    iterations = 1000
 
 
 BUSYBOX_STATIC = Path("/bin/busybox")
