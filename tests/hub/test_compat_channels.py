@@ -70,7 +70,16 @@ class _Consumer(AsyncConsumer):
 
 def test_dispatch_without_db_cleanup_routes_like_upstream_and_refuses_unknown_types() -> None:
     consumer = _Consumer()
-    asyncio.run(dispatch_without_db_cleanup(consumer, {"type": "lease.log", "seq": 1}))
-    assert consumer.seen == [{"type": "lease.log", "seq": 1}]
-    with pytest.raises(ValueError, match=r"No handler for message type lease\.gone"):
-        asyncio.run(dispatch_without_db_cleanup(consumer, {"type": "lease.gone"}))
+    # A loop of its own, never installed as the thread's: asyncio.run() would reset the
+    # thread's loop on exit and orphan the one pytest-asyncio keeps (its socket pair then
+    # surfaces as a ResourceWarning in whichever later test collects garbage).
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(
+            dispatch_without_db_cleanup(consumer, {"type": "lease.log", "seq": 1})
+        )
+        assert consumer.seen == [{"type": "lease.log", "seq": 1}]
+        with pytest.raises(ValueError, match=r"No handler for message type lease\.gone"):
+            loop.run_until_complete(dispatch_without_db_cleanup(consumer, {"type": "lease.gone"}))
+    finally:
+        loop.close()
