@@ -29,6 +29,8 @@ test-fast: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy supplier_agent hub/lib
 
 format: venv
 	$(BIN)/ruff format .
