@@ -165,6 +165,11 @@ def bench_env(**overrides: str) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
         LOG_LEVEL="WARNING",
         CHANNELS_PREFIX=f"cloudgpu-bench-{uuid.uuid4().hex[:6]}",
+        # Every Redis key of this run under its own prefix (a live hub may share the Redis).
+        REDIS_KEY_PREFIX=f"cloudgpu-bench-{uuid.uuid4().hex[:6]}",
+        # The swarm registers thousands of hosts with one supplier token; production's cap per
+        # token (256) would refuse all but the first.
+        MAX_HOSTS_PER_TOKEN="1000000",  # noqa: S106 (a count, not a secret)
     )
     env.update(overrides)
     return env
@@ -181,7 +186,8 @@ def prepare(env: dict[str, str]) -> None:
         # Statement counts where the server preloads it (the embedded Postgres does).
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
     client = redis.Redis.from_url(env["REDIS_URL"])
-    client.delete("cloudgpu:host-liveness", "cloudgpu:host-telemetry-pending")
+    prefix = env.get("REDIS_KEY_PREFIX", "cloudgpu")
+    client.delete(f"{prefix}:host-liveness", f"{prefix}:host-telemetry-pending")
     client.close()
 
 
@@ -207,12 +213,14 @@ def create_user_and_token(env: dict[str, str], username: str) -> str:
         "-c",
         f"from hub.accounts.models import User; User.objects.create_user('{username}')",
     )
-    return manage(env, "hub", "token", "create", "--owner", username)
+    # Its hosts' GPUs are listed at $0 when they first report (new GPUs are otherwise unlisted).
+    return manage(env, "hub", "token", "create", "--owner", username, "--default-price", "0")
 
 
 def setup_django(env: dict[str, str]) -> None:
     """Use the hub's models and services in this process (same database as the hub)."""
-    for key in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "DEBUG", "CHANNELS_PREFIX"):
+    keys = ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "DEBUG", "CHANNELS_PREFIX")
+    for key in (*keys, "REDIS_KEY_PREFIX", "MAX_HOSTS_PER_TOKEN"):
         os.environ[key] = env[key]
     os.environ["SECRET_KEY"] = env["SECRET_KEY"]
     os.environ.update({k: v for k, v in env.items() if k.endswith("_S")})
