@@ -114,7 +114,8 @@ def _people(env: dict[str, str], name: str) -> tuple[Any, Any, str]:
 
     supplier = User.objects.create_user(f"{name}-supplier")
     renter = User.objects.create_user(f"{name}-renter")
-    _, token = create_agent_token(supplier)
+    # Its hosts' GPUs are listed at $0 when they first report (otherwise unlisted until priced).
+    _, token = create_agent_token(supplier, default_price_per_hour_micros=0)
     return supplier, renter, token
 
 
