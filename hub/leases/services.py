@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from celery import current_app
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
@@ -23,6 +22,7 @@ from hub.accounts.models import User
 from hub.billing import metering
 from hub.billing import services as billing
 from hub.billing.money import format_micros
+from hub.celery import app as celery_app
 from hub.leases import cache_volumes, commands
 from hub.leases.models import Command, Lease, LeaseGpu
 from hub.suppliers.models import Gpu, Host
@@ -98,11 +98,12 @@ def _queue_command(lease: Lease, message: CommandMessage, *, delay_s: int = 0) -
     command.save()
     # Celery's delay_on_commit, made robust: with the broker down the row still commits and
     # the redispatch sweep sends it later, instead of the renter's request failing. Sent by
-    # name: the task module (hub/leases/tasks.py) builds on this one, not the other way round.
+    # name, through the hub's own Celery app: the task module (hub/leases/tasks.py) builds on
+    # this one, not the other way round.
     command_id = str(command.id)
     if not delay_s:
         transaction.on_commit(
-            lambda: current_app.send_task(DISPATCH_TASK, args=[command_id]), robust=True
+            lambda: celery_app.send_task(DISPATCH_TASK, args=[command_id]), robust=True
         )
     return command
 
