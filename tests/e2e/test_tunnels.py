@@ -28,7 +28,6 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from django.core.management import call_command
 from websockets.sync.client import connect as ws_connect
 
 from hub.accounts.models import User
@@ -37,6 +36,7 @@ from hub.lib.ports import free_port, wait_for_port
 from hub.suppliers.models import Host
 from hub.tunnels.models import Tunnel
 from tests.support.agents import agent_env, configure, running_agent
+from tests.support.db import flush_and_reseed
 from tests.support.fake_gpus import FakeGpuTable, fake_nvml_env
 from tests.support.gateway import Gateway, planned_gateway, running_gateway
 from tests.support.hub_stack import HubStack, hub_stack
@@ -188,7 +188,9 @@ def db_access(django_db_setup: None, django_db_blocker: object) -> Iterator[None
         try:
             yield
         finally:
-            call_command("flush", interactive=False, verbosity=0)
+            # Not a bare flush: it would take the seeded catalogue with it, and pytest-django
+            # runs this module among the non-transactional tests, before those that need it.
+            flush_and_reseed()
 
 
 @pytest.fixture(scope="module")
