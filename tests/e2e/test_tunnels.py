@@ -361,8 +361,11 @@ def test_a_stream_longer_than_the_idle_limit_but_never_quiet_arrives_whole(
     assert streamed.status_code == 200
     assert "tick 8" in streamed.text
     assert "done after" in streamed.text
-    access_log = (world.gateway.folder / "logs" / "access.log").read_text()
-    assert f"{public_id}-i.tunnels.test/cgi-bin/stream" in access_log
+    # nginx logs a request once it has finished it on its side, which may be just after the
+    # client read the last byte: poll for the line.
+    access_log = world.gateway.folder / "logs" / "access.log"
+    line = f"{public_id}-i.tunnels.test/cgi-bin/stream"
+    wait_for(lambda: line in access_log.read_text(), timeout_s=10, what="the access log line")
 
 
 def test_a_response_quiet_for_longer_than_the_idle_limit_is_cut(
