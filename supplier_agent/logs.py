@@ -5,6 +5,8 @@ flushes what was read, so output that trickles in still leaves within ~200 ms. O
 coalesced into ``log_chunk`` messages of at most CHUNK_BYTES, at most CHUNKS_PER_S a second and
 BYTES_PER_S bytes a second per lease: a container printing in a tight loop must not saturate
 the agent's only connection, so beyond that output is dropped and a marker says how much.
+CHUNKS_PER_S full chunks carry more than BYTES_PER_S, so the byte budget is the one that binds:
+a burst within it waits a moment instead of being dropped.
 Chunks reach the agent's outbox through ``emit``, which hands them to the event loop.
 """
 
@@ -23,7 +25,7 @@ from supplier_agent.protocol import LOG_FOLLOW_TTL_S, MAX_LOG_CHUNK_BYTES, LogCh
 
 log = logging.getLogger("cloudgpu.agent.logs")
 
-CHUNK_BYTES = 8 * 1024
+CHUNK_BYTES = MAX_LOG_CHUNK_BYTES
 FLUSH_INTERVAL_S = 0.2
 CHUNKS_PER_S = 10
 BYTES_PER_S = 64 * 1024
@@ -57,7 +59,14 @@ def split_for_frames(text: str, limit: int = MAX_LOG_CHUNK_BYTES) -> list[str]:
 
 
 class LogPump:
-    """Coalescing and rate limiting for one lease; ``feed`` and ``flush`` from any thread."""
+    """Coalescing and rate limiting for one lease; ``feed`` and ``flush`` from any thread.
+
+    Admission follows the byte budget (a token bucket of one second's worth); what is admitted
+    waits, up to one second's budget, and leaves in chunks of at most ``chunk_bytes``, at most
+    ``chunks_per_s`` of them a second. Chunks may carry more than the budget's share of a
+    second, so a burst within the budget (64 KiB at once, once a second) is delayed a few
+    tenths of a second, not dropped.
+    """
 
     def __init__(
         self,
@@ -71,11 +80,10 @@ class LogPump:
         self._emit = emit
         self._clock = clock
         self._chunk_bytes = chunk_bytes
-        self._min_gap_s = 1.0 / chunks_per_s
+        self.min_gap_s = 1.0 / chunks_per_s
         self._bytes_per_s = bytes_per_s
         self._lock = threading.Lock()
-        self._buffer = bytearray()
-        self._pending_text = ""  # markers, already text
+        self._text = ""  # admitted output and markers, decoded, waiting to leave
         self._dropped = 0
         self._allowance = float(bytes_per_s)  # token bucket, one second's worth at most
         self._refilled_at = clock()
@@ -90,49 +98,56 @@ class LogPump:
                 self._allowance + (now - self._refilled_at) * self._bytes_per_s,
             )
             self._refilled_at = now
-            while data:
-                room = min(int(self._allowance), self._chunk_bytes - len(self._buffer))
-                if room <= 0:
-                    # A full buffer goes out if the chunk rate allows; no allowance: drop.
-                    if self._allowance >= 1 and self._flush_locked(now):
-                        continue
-                    break
+            # The wait is bounded too: if chunks cannot leave (a stalled flusher), drop.
+            room = max(0, self._bytes_per_s - len(self._text))
+            taken = min(len(data), int(self._allowance), room)
+            if taken:
                 if self._dropped:
                     self._mark_dropped()
-                self._buffer += data[:room]
-                self._allowance -= min(room, len(data))
-                data = data[room:]
-            self._dropped += len(data)
-            if len(self._buffer) >= self._chunk_bytes:
+                self._text += self._decoder.decode(data[:taken])
+                self._allowance -= taken
+            self._dropped += len(data) - taken
+            if len(self._text) >= self._chunk_bytes:
                 self._flush_locked(now)
 
-    def flush(self, *, final: bool = False) -> None:
+    def flush(self, *, final: bool = False) -> bool:
+        """Send what is due; True while output is still waiting (call again in min_gap_s)."""
         with self._lock:
             if self._dropped:
                 self._mark_dropped()
+            if final:
+                self._text += self._decoder.decode(b"", final=True)
             self._flush_locked(self._clock(), final=final)
+            return bool(self._text)
 
     def _mark_dropped(self) -> None:
-        self._pending_text += self._decode(final=False) + dropped_marker(self._dropped)
+        self._text += dropped_marker(self._dropped)
         self._dropped = 0
 
-    def _decode(self, *, final: bool) -> str:
-        text = self._decoder.decode(bytes(self._buffer), final=final)
-        self._buffer.clear()
-        return text
-
-    def _flush_locked(self, now: float, *, final: bool = False) -> bool:
-        """Emit what is buffered unless the chunk rate forbids it; True if the buffer is free."""
-        if not self._buffer and not self._pending_text:
-            return True
-        if not final and now - self._flushed_at < self._min_gap_s:
-            return False
-        text = self._pending_text + self._decode(final=final)
-        self._pending_text = ""
+    def _flush_locked(self, now: float, *, final: bool = False) -> None:
+        """Emit one chunk (everything when ``final``) unless the chunk rate forbids it."""
+        if not self._text or (not final and now - self._flushed_at < self.min_gap_s):
+            return
         self._flushed_at = now
-        for piece in split_for_frames(text):
-            self._emit(piece)
-        return True
+        if final:
+            text, self._text = self._text, ""
+            for piece in split_for_frames(text, self._chunk_bytes):
+                self._emit(piece)
+            return
+        piece = _head(self._text, self._chunk_bytes)
+        self._text = self._text[len(piece) :]
+        self._emit(piece)
+
+
+def _head(text: str, limit: int) -> str:
+    """The longest start of ``text`` (to a few bytes) that fits ``limit`` in a JSON frame."""
+    size = min(len(text), limit)
+    while size > 1:
+        escaped = _escaped_size(text[:size])
+        if escaped <= limit:
+            break
+        size = max(1, size * limit // escaped - 1)
+    return text[:size]
 
 
 @dataclass
@@ -160,7 +175,9 @@ class LogFollowers:
         self._ttl_s = ttl_s
         self._lock = threading.Lock()
         self._followers: dict[str, _Follower] = {}
-        self._last_seq: dict[str, int] = {}
+        # One counter for every lease, not one per lease: nothing to forget when a lease ends
+        # (20,000 leases later the agent still holds one integer).
+        self._last_seq = 0
 
     def following(self) -> set[str]:
         with self._lock:
@@ -201,8 +218,8 @@ class LogFollowers:
         with self._lock:
             # Milliseconds since the epoch as a floor: seq keeps growing across agent restarts,
             # so the hub and the renter's page can drop chunks they have seen already.
-            seq = max(self._last_seq.get(lease_id, 0) + 1, int(time.time() * 1000))
-            self._last_seq[lease_id] = seq
+            seq = max(self._last_seq + 1, int(time.time() * 1000))
+            self._last_seq = seq
         self._send(LogChunk(lease_id=lease_id, seq=seq, data=text))
 
     def _read(self, lease_id: str, tail: int, pump: LogPump, follower: _Follower) -> None:
@@ -219,8 +236,10 @@ class LogFollowers:
                     del self._followers[lease_id]
 
     def _tick(self, pump: LogPump, follower: _Follower) -> None:
-        while not follower.stop.wait(FLUSH_INTERVAL_S):
-            pump.flush()
+        waiting = False
+        # Sooner while output waits (a burst): one chunk per gap drains it within the second.
+        while not follower.stop.wait(pump.min_gap_s if waiting else FLUSH_INTERVAL_S):
+            waiting = pump.flush()
             if time.monotonic() > follower.deadline:
                 follower.stop.set()  # nobody renewed: nobody is watching
         follower.threads[0].join(timeout=10)
