@@ -22,6 +22,12 @@ from supplier_agent.protocol import LogChunk
 
 BACKLOG_CHUNKS = 200
 BACKLOG_TTL_S = 24 * 3600
+# What a page is sent of the backlog when it subscribes: the newest chunks up to what the page
+# shows at most (live.js MAX_LOG_CHARS), in frames far below Daphne's 1 MiB message limit (a
+# bigger one closes the socket with 1011). 200 chunks of 16 KiB could be 3.2 MiB, and up to six
+# times that JSON-escaped.
+BACKLOG_PAGE_CHARS = 200_000
+BACKLOG_FRAME_BYTES = 256 * 1024
 # The renter's page asks the agent for this many earlier lines when nothing is kept yet.
 FIRST_TAIL_LINES = 100
 
@@ -65,6 +71,36 @@ def _entries(raw: list[Any]) -> list[dict[str, Any]]:
         if isinstance(entry, dict) and isinstance(entry.get("data"), str):
             entries.append(entry)
     return entries
+
+
+def _escaped_size(text: str) -> int:
+    return len(json.dumps(text, ensure_ascii=False).encode("utf-8", errors="surrogatepass"))
+
+
+def page_frames(entries: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    """(seq of its newest chunk, text) of the frames that carry the backlog's tail to a page,
+    oldest first; whole chunks only (each at most 16 KiB, the protocol's bound)."""
+    tail: list[dict[str, Any]] = []
+    chars = 0
+    for entry in reversed(entries):
+        if tail and chars + len(entry["data"]) > BACKLOG_PAGE_CHARS:
+            break
+        tail.append(entry)
+        chars += len(entry["data"])
+    frames: list[tuple[int, str]] = []
+    parts: list[str] = []
+    size = seq = 0
+    for entry in reversed(tail):
+        cost = _escaped_size(entry["data"])
+        if parts and size + cost > BACKLOG_FRAME_BYTES:
+            frames.append((seq, "".join(parts)))
+            parts, size = [], 0
+        parts.append(entry["data"])
+        size += cost
+        seq = int(entry.get("seq", 0))
+    if parts:
+        frames.append((seq, "".join(parts)))
+    return frames
 
 
 async def backlog(lease_id: str) -> list[dict[str, Any]]:

@@ -7,7 +7,8 @@ indexed query per open page per second is cheap. The route is wrapped in Channel
 validator and session auth (hub/routing.py); anonymous sockets are refused.
 
 A page may also follow a lease's live output (``{"type": "logs.subscribe", "lease_id": ...}``):
-the socket joins the lease's log group (hub/leases/logs.py), sends the kept backlog, and asks
+the socket joins the lease's log group (hub/leases/logs.py), sends the kept backlog's tail in
+bounded frames, and asks
 the lease's agent to follow, renewing that every LOG_RENEW_S while subscribed. Unsubscribing
 or closing the page just stops renewing: another page may follow the same lease, and the agent
 stops on its own when nobody renews.
@@ -163,15 +164,12 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(lease_logs.group_name(lease_id), self.channel_name)
         kept = await lease_logs.backlog(lease_id)
         self.log_seen[lease_id] = max((entry.get("seq", 0) for entry in kept), default=0)
-        await self.send_json(
-            {
-                "type": "log",
-                "lease_id": lease_id,
-                "seq": self.log_seen[lease_id],
-                "data": "".join(entry["data"] for entry in kept),
-                "backlog": True,
-            }
-        )
+        # The first frame replaces what the page shows (it may be a reload), the rest append.
+        frames = lease_logs.page_frames(kept) or [(0, "")]
+        for n, (seq, data) in enumerate(frames):
+            await self.send_json(
+                {"type": "log", "lease_id": lease_id, "seq": seq, "data": data, "backlog": n == 0}
+            )
         tail = 0 if kept else lease_logs.FIRST_TAIL_LINES
         await self._ask_agent(lease_id, *found, tail=tail)
         self.log_renewers[lease_id] = asyncio.create_task(self._renew(lease_id))
