@@ -57,6 +57,8 @@ class AgentConfig:
     # less free than the floor (volumes.py).
     volume_idle_days: float = 14.0
     disk_floor_gib: float = 20.0
+    # The most one lease's container output takes on Docker's disk, rotated (containers.py).
+    container_log_mib: float = 64.0
 
     @property
     def ws_url(self) -> str:
@@ -197,6 +199,7 @@ def load(flags: dict[str, str | None], env: dict[str, str] | None = None) -> Age
         in {"1", "true", "yes"},
         volume_idle_days=_positive("volume_idle_days", pick("volume_idle_days", "14")),
         disk_floor_gib=_positive("disk_floor_gib", pick("disk_floor_gib", "20")),
+        container_log_mib=_positive("container_log_mib", pick("container_log_mib", "64")),
     )
     websocket_url(config.hub_url)  # fail now, not at the first connection
     return config

@@ -26,7 +26,7 @@ import docker
 import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.models.containers import Container
-from docker.types import DeviceRequest, Mount, Ulimit
+from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
 
 from supplier_agent import image_policy, protocol
 from supplier_agent.container_events import ExitCallback, ExitWatcher, close_stream
@@ -55,6 +55,14 @@ NETWORK_OPTIONS = {"com.docker.network.bridge.enable_icc": "false"}
 _network_lock = threading.Lock()
 LOG_TAIL_LINES = 50
 LOG_TAIL_CHARS = 8000  # fits ContainerExited.log_tail and keeps an ack's error readable
+# What Docker keeps of one lease's output on the supplier's disk. Its default (json-file, no
+# limit) kept everything: one lease printing 64 KiB/s wrote 484 MB/h under /var/lib/docker.
+# The `local` driver rotates through LOG_FILES files (compressing the older ones); the live
+# follower and the exit tail (the last LOG_TAIL_LINES lines) read it as before. Set
+# explicitly, so a daemon whose default driver cannot be read back (syslog) still has logs.
+CONTAINER_LOG_MIB = 64
+LOG_DRIVER = "local"
+LOG_FILES = 4
 PORT_BIND_TIMEOUT_S = 30.0
 PULL_LOG_EVERY_S = 5.0
 # Docker's default set minus what lets a tenant attack its neighbours on the shared bridge
@@ -90,6 +98,15 @@ class ClaimedContainer:
     status: str  # Docker's: created, running, exited, dead, ...
     gpu_indices: tuple[int, ...] = ()
     ports: dict[int, int] = field(default_factory=dict)
+
+
+def container_log_config(max_bytes: int) -> LogConfig:
+    """Docker's log options for at most ``max_bytes`` of a container's output on disk."""
+    per_file_kib = max(64, max_bytes // LOG_FILES // 1024)
+    return LogConfig(
+        type=LOG_DRIVER,
+        config={"max-size": f"{per_file_kib}k", "max-file": str(LOG_FILES), "compress": "true"},
+    )
 
 
 def _engine_errors(method: Callable[P, T]) -> Callable[P, T]:
@@ -130,6 +147,7 @@ class ContainerRuntime:
         host: HostResources | None = None,
         egress: EgressPolicy | None = None,
         toolkit_risk_accepted: bool = False,
+        log_max_bytes: int = CONTAINER_LOG_MIB * 1024 * 1024,
     ) -> None:
         if gpu_devices not in {"nvidia", "none"}:
             raise ValueError("gpu_devices must be 'nvidia' or 'none'")
@@ -153,6 +171,8 @@ class ContainerRuntime:
         self.egress = egress
         # The supplier's opt-in to GPU rentals on a toolkit with CVE-2025-23266 (toolkit.py).
         self.toolkit_risk_accepted = toolkit_risk_accepted
+        # The most a lease's output takes on the supplier's disk, across its rotated files.
+        self.log_max_bytes = log_max_bytes
         # Containers we stop ourselves: their "die" is not an exit to report.
         self._exits = ExitWatcher(client, claim_label=LABEL_CLAIM, lease_label=LABEL_LEASE)
 
@@ -434,6 +454,7 @@ class ContainerRuntime:
                 Ulimit(name="core", soft=0, hard=0),
             ],
             "cap_drop": list(DROPPED_CAPS),
+            "log_config": container_log_config(self.log_max_bytes),
             "restart_policy": {"Name": "no"},
             "detach": True,
         }

@@ -52,6 +52,7 @@ class DockerRuntime:
             reserve=config.reserve,
             egress=EgressPolicy(config.allow_networks),
             toolkit_risk_accepted=config.accept_container_escape_risk,
+            log_max_bytes=int(config.container_log_mib * 1024 * 1024),
         )
         self.janitor = VolumeJanitor(
             self.containers.client,

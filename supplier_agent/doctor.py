@@ -1,7 +1,7 @@
 """``cloudgpu-agent doctor``: what this host can offer, and what to fix.
 
 Rows: host, Docker, NVIDIA driver, container toolkit (warn below 1.17.8, CVE-2025-23266), GPU,
-and the OpenSSH client that renters' tunnels need.
+the OpenSSH client that renters' tunnels need, and Docker's disk (warn below the disk floor).
 The GPU row is ``n/a`` on a CPU-only box (not a failure), ``ok`` when NVML works and (if the
 probe image is already local) a ``--gpus all`` container sees the GPU, ``fail`` when the host
 has a GPU that containers cannot get. The probe never pulls an image.
@@ -130,6 +130,40 @@ def _probe(client: object, names: str) -> Row:
     )
 
 
+def _docker_disk_row(client: object | None, state: str | None) -> Row:
+    """Free space where Docker keeps images, volumes and container logs."""
+    from supplier_agent.config import AgentConfig, ConfigError, load
+
+    if client is None:
+        return Row("docker disk", "fail", "Docker is unreachable: its disk cannot be checked")
+    floor_gib, log_mib = AgentConfig.disk_floor_gib, AgentConfig.container_log_mib
+    try:
+        config = load({"state": state})
+        floor_gib, log_mib = config.disk_floor_gib, config.container_log_mib
+    except ConfigError:
+        pass  # not configured yet: the defaults
+    root = client.info().get("DockerRootDir") or "/var/lib/docker"  # type: ignore[attr-defined]
+    try:
+        stats = os.statvfs(root)
+    except OSError as exc:
+        return Row("docker disk", "warn", f"cannot measure {root}: {exc}")
+    free_gib = stats.f_bavail * stats.f_frsize / 1024**3
+    total_gib = stats.f_blocks * stats.f_frsize / 1024**3
+    detail = (
+        f"{free_gib:.1f} GiB free of {total_gib:.1f} GiB at {root}; "
+        f"each lease's logs are kept to {log_mib:g} MiB"
+    )
+    if free_gib < floor_gib:
+        # Images, volumes and logs share it: a full disk fails pulls and stops containers.
+        return Row(
+            "docker disk",
+            "warn",
+            f"{detail}; below the floor of {floor_gib:g} GiB: unused volumes are being removed, "
+            "free space (docker image prune, larger disk) before rentals fail",
+        )
+    return Row("docker disk", "ok", detail)
+
+
 def _egress_row(client: object | None, state: str | None) -> Row:
     """Whether the packet filter between rentals and this host's network is in place."""
     from supplier_agent.config import ConfigError, load
@@ -205,6 +239,7 @@ def run_doctor(state: str | None, *, connectivity: bool) -> int:
     rows.append(_toolkit_row())
     rows.extend(_gpu_rows(client))
     rows.append(_ssh_row())
+    rows.append(_docker_disk_row(client, state))
     rows.append(_egress_row(client, state))
     if Path("/var/lock").is_dir() and not os.access("/var/lock", os.W_OK):
         rows.append(Row("locks", "warn", "/var/lock is not writable: run the agent as root"))

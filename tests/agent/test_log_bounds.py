@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
-from supplier_agent import logs
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supplier_agent import containers, logs
+from supplier_agent.containers import ContainerRuntime
 from supplier_agent.logs import LogPump
-from supplier_agent.protocol import MAX_LOG_CHUNK_BYTES
+from supplier_agent.protocol import MAX_LOG_CHUNK_BYTES, DockerRun
+from tests.support.agents import AGENT, agent_env, new_token
+from tests.support.fake_gpus import fake_nvml_env
+from tests.support.polling import wait_for
 
 
 class _Clock:
@@ -75,3 +87,93 @@ def test_control_characters_are_counted_as_they_travel() -> None:
 
     assert all(logs._escaped_size(data) <= MAX_LOG_CHUNK_BYTES for _, data in sent)
     assert sum(len(data) for _, data in sent) == fed
+
+
+# --- Docker's copy of the output, on the supplier's disk -------------------------------------
+
+# About 8 MiB of output, then a last line; the container stays up like a rental would.
+CHATTY = (
+    "i=0; while [ $i -lt 128 ]; do head -c 65535 /dev/zero | tr '\\0' x; echo; i=$((i+1)); done;"
+    " echo last line; exec sleep 600"
+)
+
+
+@pytest.fixture
+def agent_id(docker_client: Any) -> Iterator[str]:
+    agent = str(uuid.uuid4())
+    yield agent
+    for container in docker_client.containers.list(
+        all=True, filters={"label": f"cloudgpu.claim={agent}"}
+    ):
+        container.remove(force=True, v=True)
+
+
+def _spec(image: str, command: str) -> DockerRun:
+    return DockerRun(
+        command_id=str(uuid.uuid4()),
+        lease_id=str(uuid.uuid4()),
+        epoch=1,
+        image=image,
+        ports=(),
+        command=("sh", "-c", command),
+    )
+
+
+def _disk_bytes(docker_client: Any, container_id: str) -> int:
+    """What the container's folder under Docker's root holds: its logs, whatever the driver."""
+    root = Path(docker_client.info()["DockerRootDir"]) / "containers" / container_id
+    return sum(path.stat().st_size for path in root.rglob("*") if path.is_file())
+
+
+def test_a_chatty_lease_keeps_at_most_its_log_budget_on_disk(
+    docker_client: Any, busybox_image: str, agent_id: str
+) -> None:
+    budget = 1024 * 1024
+    runtime = ContainerRuntime(
+        docker_client, gpu_devices="none", stop_grace_s=1, log_max_bytes=budget
+    )
+    spec = _spec(busybox_image, CHATTY)
+    result = runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
+
+    def last_lines() -> str | None:
+        raw = docker_client.api.logs(result.container_id, stdout=True, stderr=True, tail=3)
+        return raw.decode() if b"last line" in raw else None
+
+    # The newest output, what the exit tail and a new follower read, is still there.
+    assert "last line" in wait_for(last_lines, timeout_s=60, what="the last line")
+    # Docker's own files beside the logs (config, hosts, resolv.conf) take a few KiB.
+    assert _disk_bytes(docker_client, result.container_id) <= budget + 64 * 1024
+
+
+def test_every_lease_container_has_bounded_rotated_logs(
+    docker_client: Any, busybox_image: str, agent_id: str
+) -> None:
+    runtime = ContainerRuntime(docker_client, gpu_devices="none", stop_grace_s=1)
+    spec = _spec(busybox_image, "exec sleep 600")
+    result = runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
+
+    config = docker_client.api.inspect_container(result.container_id)["HostConfig"]["LogConfig"]
+    assert config["Type"] == "local"
+    files = int(config["Config"]["max-file"])
+    per_file_kib = int(config["Config"]["max-size"].removesuffix("k"))
+    assert files * per_file_kib * 1024 == containers.CONTAINER_LOG_MIB * 1024 * 1024
+
+
+def test_doctor_warns_when_dockers_disk_is_below_the_floor(
+    docker_client: Any, tmp_path: Path
+) -> None:
+    # A floor no disk reaches: the row must warn, with what to do, and not fail the host.
+    env = agent_env(
+        CLOUDGPU_HUB="http://127.0.0.1:9",
+        CLOUDGPU_TOKEN=new_token(),
+        CLOUDGPU_STATE_DIR=str(tmp_path / "state"),
+        CLOUDGPU_DISK_FLOOR_GIB="1000000",
+        **fake_nvml_env(tmp_path / "no-such-table.json"),
+    )
+    result = subprocess.run(
+        [AGENT, "doctor"], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+    row = next(line for line in result.stdout.splitlines() if line.startswith("docker disk "))
+    assert row.split()[2] == "warn", result.stdout + result.stderr
+    assert "below the floor of 1e+06 GiB" in row
+    assert result.returncode == 0, result.stdout
