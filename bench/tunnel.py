@@ -162,6 +162,7 @@ class AgentSide:
 def _lease_with_tunnel(agent: AgentSide, container_port: int) -> tuple[Any, Any, str]:
     """Host, lease and key through the hub's own services, as the control plane makes them."""
     from hub.accounts.models import User
+    from hub.agents import registration
     from hub.leases import services as lease_services
     from hub.leases.models import Command
     from hub.suppliers import services as supplier_services
@@ -179,7 +180,7 @@ def _lease_with_tunnel(agent: AgentSide, container_port: int) -> tuple[Any, Any,
         cpu_model="bench", cpu_count=1, ram_bytes=1 << 30, agent_version="bench",
         runtime="mock", gpus=(gpu,),
     )  # fmt: skip
-    registered = supplier_services.register_host(token.pk, register, "")
+    registered = registration.register_host(token.pk, register, "")
     from hub.suppliers.models import Host
 
     host = Host.objects.get(pk=registered.host_id)

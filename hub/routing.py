@@ -9,7 +9,7 @@ from channels.security.websocket import OriginValidator
 from django.conf import settings
 from django.urls import URLPattern, path, re_path
 
-from hub.suppliers.consumers import AgentConsumer
+from hub.agents.consumer import AgentConsumer
 from hub.web.consumers import LiveConsumer
 
 

@@ -134,6 +134,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "hub.api",
     "hub.fleet",
+    "hub.agents",
     "hub.web",
 ]
 

@@ -62,8 +62,8 @@ SLOW = (
     "hub/billing/test_money_rules.py::test_money_rules_hold_over_random_market_histories",
     "hub/billing/test_metering.py::test_many_small_batches_charge_what_one_big_batch_does",
     "hub/health/test_healthz.py::test_healthz_names_both_when_neither_is_reachable",
-    "hub/suppliers/test_hostile_agents.py::test_a_hostile_agents_heartbeats_are_stored_",
-    "hub/suppliers/test_agent_socket.py::test_malformed_frames_get_an_error_reply_",
+    "hub/agents/test_hostile_agents.py::test_a_hostile_agents_heartbeats_are_stored_",
+    "hub/agents/test_agent_socket.py::test_malformed_frames_get_an_error_reply_",
     # Real agent or ssh processes against an in-test hub peer or sshd: 1-2.5 s each.
     "agent/test_agent_mock.py",
     "agent/test_tunnels.py",
@@ -75,10 +75,10 @@ SLOW = (
     "hub/test_settings.py::test_connections_are_pooled_",
     "hub/test_settings.py::test_debug_tolerates_",
     # Wait out a socket timeout or push a flood through the consumer: ~2 s each.
-    "hub/suppliers/test_agent_socket.py::test_a_socket_that_never_registers_",
-    "hub/suppliers/test_agent_socket.py::test_after_a_flood_close_",
-    "hub/suppliers/test_agent_socket.py::test_another_token_cannot_take_over_",
-    "hub/suppliers/test_agent_socket.py::test_log_chunks_",
+    "hub/agents/test_agent_socket.py::test_a_socket_that_never_registers_",
+    "hub/agents/test_agent_socket.py::test_after_a_flood_close_",
+    "hub/agents/test_agent_socket.py::test_another_token_cannot_take_over_",
+    "hub/agents/test_agent_socket.py::test_log_chunks_",
 )
 DB_FIXTURES = {"db", "transactional_db", "live_server"}
 DOCKER_FIXTURES = {"docker_client", "busybox_image"}

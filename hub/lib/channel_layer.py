@@ -4,7 +4,7 @@ channels_redis raises from ``receive()`` when Redis cannot be reached, and Chann
 lets that end the consumer: every agent socket of a web process closed with 1011 on a Redis
 blip, and the fleet reconnected into a hub whose Redis was still away. Here a consumer's receive
 waits with backoff and carries on when Redis is back; the socket stays up meanwhile (heartbeats
-fall back to Postgres, see hub.suppliers.consumers). Only the public ``receive`` is overridden:
+fall back to Postgres, see hub.agents.consumer). Only the public ``receive`` is overridden:
 channels_redis releases its receive lock and buffers before it raises, so a retry starts clean.
 """
 

@@ -3,7 +3,7 @@
 ``AsyncConsumer.dispatch`` (overridden) and ``channels.consumer.get_handler_name``
     Channels' own ``dispatch`` awaits ``aclose_old_connections()`` before every handler: a hop
     to the sync thread for each frame of each socket, measured as the main cost of a
-    heartbeat (docs/benchmarks.md). hub.suppliers.consumers.AgentConsumer reaches the
+    heartbeat (docs/benchmarks.md). hub.agents.consumer.AgentConsumer reaches the
     database only through ``database_sync_to_async``, whose ``thread_handler`` runs
     ``close_old_connections()`` before and after each call, so :func:`dispatch_without_db_cleanup`
     is upstream's ``dispatch`` minus that hop. It uses ``get_handler_name`` (public in the

@@ -1,7 +1,7 @@
 """The channels_redis (``channels-redis==4.3.0``, requirements/hub.txt) internals the hub uses.
 
 ``RedisChannelLayer.connection(index)`` (public name, undocumented)
-    The heartbeat group commit (hub.suppliers.heartbeat_batch) and the live-log backlog
+    The heartbeat group commit (hub.agents.heartbeat_batch) and the live-log backlog
     (hub.leases.logs) write plain Redis keys through the channel layer's own client for the
     running event loop: no second pool per process, and it is closed with its loop.
     :func:`layer_redis` is the one call of it. Upstream: "There's no public API for it"

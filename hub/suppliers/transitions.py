@@ -2,12 +2,15 @@
 
 Each change is a compare-and-set on the host row with a ``HostTransition`` row in the same
 transaction, so the history says who changed what and when, and two racing writers (the
-offline sweep and a heartbeat, two admins) change it once. The lease side of a status change
-(the grace clock of its leases) happens in that transaction too.
+offline sweep and a heartbeat, two admins) change it once. The lease side of going offline and
+coming back (the grace clock of the host's leases) is hub/leases/host_status.py, which wraps
+``mark_offline`` and ``bring_back`` in one transaction with it: the host's state knows nothing
+of leases, the leases build on it.
 
-Callers: registration (online), the offline sweep (offline), the first heartbeat after the
-sweep (online again, hub/suppliers/heartbeats.py), the telemetry flush as a fallback
-(hub/suppliers/stats.py), and the supplier's page and the admin's drain (maintenance).
+Callers: registration (online, hub/agents/registration.py), the offline sweep (offline,
+hub/agents/sweep.py), the first heartbeat after the sweep (online again,
+hub/agents/heartbeats.py), the telemetry flush as a fallback (hub/agents/stats.py), and the
+supplier's page and the admin's drain (maintenance).
 """
 
 from __future__ import annotations
@@ -16,9 +19,7 @@ import logging
 from datetime import datetime
 
 from django.db import transaction
-from django.utils import timezone
 
-from hub.leases.services import note_host_back, note_host_lost
 from hub.suppliers.models import Host, HostTransition
 
 log = logging.getLogger(__name__)
@@ -39,9 +40,12 @@ def set_online(host: Host, reason: str) -> None:
 
 
 def mark_offline(host_id: int, reason: str, now: datetime) -> bool:
-    """The sweep's verdict: online -> offline, and the host's leases start their grace clock.
-    False if the host was not online (another sweep, or it re-registered meanwhile)."""
-    with transaction.atomic():
+    """The sweep's verdict: online -> offline. False if the host was not online (another sweep,
+    or it re-registered meanwhile). Through ``host_status.host_lost``, which starts the grace
+    clock of the host's leases in the same transaction."""
+    # savepoint=False: host_status calls this inside its own transaction, where a savepoint
+    # would only cost a round trip (a failure rolls the whole change back either way).
+    with transaction.atomic(savepoint=False):
         changed = Host.objects.filter(pk=host_id, status=Status.ONLINE).update(
             status=Status.OFFLINE
         )
@@ -50,16 +54,16 @@ def mark_offline(host_id: int, reason: str, now: datetime) -> bool:
         HostTransition.objects.create(
             host_id=host_id, from_status=Status.ONLINE, to_status=Status.OFFLINE, reason=reason
         )
-        note_host_lost(host_id, now)
     return True
 
 
-def bring_back(host_id: int, reason: str, now: datetime | None = None) -> bool:
-    """Heartbeats from a host the sweep marked offline: it came back on the same connection
-    within the grace, so its leases go on (the time away is not billed). False if it was not
-    offline."""
-    now = now or timezone.now()
-    with transaction.atomic():
+def bring_back(host_id: int, reason: str) -> bool:
+    """Heartbeats from a host the sweep marked offline: it came back on the same connection.
+    False if it was not offline. Through ``host_status.host_back``, which lets its leases go on
+    (the time away is not billed) in the same transaction."""
+    # savepoint=False: host_status calls this inside its own transaction, where a savepoint
+    # would only cost a round trip (a failure rolls the whole change back either way).
+    with transaction.atomic(savepoint=False):
         changed = Host.objects.filter(pk=host_id, status=Status.OFFLINE).update(
             status=Status.ONLINE
         )
@@ -68,7 +72,6 @@ def bring_back(host_id: int, reason: str, now: datetime | None = None) -> bool:
         HostTransition.objects.create(
             host_id=host_id, from_status=Status.OFFLINE, to_status=Status.ONLINE, reason=reason
         )
-        note_host_back(host_id, now)
     log.info("host %s is back (%s)", host_id, reason)
     return True
 

@@ -19,9 +19,10 @@ from django.test import override_settings
 from django.utils import timezone
 
 from hub.accounts.models import User
+from hub.agents import heartbeat_batch, registration, sweep
 from hub.leases import services as lease_services
 from hub.leases.models import Command, Lease
-from hub.suppliers import heartbeat_batch, liveness
+from hub.suppliers import liveness
 from hub.suppliers import services as supplier_services
 from hub.suppliers.models import AgentToken, Host
 from supplier_agent.protocol import Ack, ClaimState, GpuProcess, GpuState, Heartbeat, Register
@@ -107,7 +108,7 @@ def register_host(
 ) -> Host:
     token = token or make_token()[0]
     message = register_message(agent_id, gpus=gpus, claims=claims)
-    registered = supplier_services.register_host(token.pk, message, channel_name)
+    registered = registration.register_host(token.pk, message, channel_name)
     return Host.objects.get(pk=registered.host_id)
 
 
@@ -149,7 +150,7 @@ def mark_sweep_continuous() -> None:
 
 @contextmanager
 def private_pending_hash() -> Iterator[str]:
-    """hub.suppliers.heartbeat_batch on a pending-telemetry hash of this test's own."""
+    """hub.agents.heartbeat_batch on a pending-telemetry hash of this test's own."""
     with private_redis_keys():
         yield heartbeat_batch.pending_key()
 
@@ -165,7 +166,7 @@ def take_offline(host: Host) -> None:
     mark_sweep_continuous()
     try:
         set_liveness_deadline(host.pk, now - timedelta(seconds=1))
-        assert host.pk in supplier_services.mark_overdue_hosts_offline(now=now)
+        assert host.pk in sweep.mark_overdue_hosts_offline(now=now)
     finally:
         liveness.forget(host.pk)
     host.refresh_from_db()

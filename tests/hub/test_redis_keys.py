@@ -9,9 +9,10 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.conf import settings
 
+from hub.agents import heartbeat_batch
 from hub.leases import logs as lease_logs
 from hub.lib import redis_keys
-from hub.suppliers import heartbeat_batch, liveness
+from hub.suppliers import liveness
 from tests.hub import factories as f
 
 

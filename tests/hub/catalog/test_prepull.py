@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from hub.agents import registration
 from hub.catalog import prepull
 from hub.catalog.models import Template
 from hub.catalog.prepull import images_for
-from hub.suppliers import services as supplier_services
 from tests.hub import factories as f
 
 pytestmark = pytest.mark.django_db
@@ -55,7 +55,7 @@ def test_registration_hands_the_list_to_the_agent() -> None:
     _rent([jupyter])
     token, _ = f.make_token()
     message = f.register_message(None, gpus=(f.gpu_state(0, memory_total_bytes=24 * GIB),))
-    registered = supplier_services.register_host(token.pk, message, "")
+    registered = registration.register_host(token.pk, message, "")
     assert registered.prepull_images == (jupyter,)
 
 

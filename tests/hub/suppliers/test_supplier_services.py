@@ -12,10 +12,11 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.utils import timezone
 
+from hub.agents import heartbeats, registration, sweep
 from hub.leases import services as lease_services
 from hub.leases.models import Command, Lease, LeaseGpu
 from hub.lib import tokens
-from hub.suppliers import heartbeats, liveness, services
+from hub.suppliers import liveness, services
 from hub.suppliers.models import AgentToken, Gpu, Host, HostTransition
 from tests.hub import factories as f
 
@@ -111,7 +112,7 @@ def test_revoke_is_idempotent() -> None:
 def test_register_creates_an_online_host_with_a_transition_and_its_gpus() -> None:
     token, _ = f.make_token()
     message = f.register_message(gpus=[0, 1])
-    registered = services.register_host(token.pk, message, "chan-1")
+    registered = registration.register_host(token.pk, message, "chan-1")
 
     host = Host.objects.get(pk=registered.host_id)
     assert host.status == Host.Status.ONLINE
@@ -135,9 +136,9 @@ def test_register_creates_an_online_host_with_a_transition_and_its_gpus() -> Non
 def test_a_second_register_updates_the_host_instead_of_duplicating_it() -> None:
     token, _ = f.make_token()
     agent_id = str(uuid.uuid4())
-    first = services.register_host(token.pk, f.register_message(agent_id, gpus=[0]), "chan-1")
+    first = registration.register_host(token.pk, f.register_message(agent_id, gpus=[0]), "chan-1")
     renamed = f.register_message(agent_id, gpus=[0], hostname="rig-renamed")
-    second = services.register_host(token.pk, renamed, "chan-2")
+    second = registration.register_host(token.pk, renamed, "chan-2")
 
     assert second.host_id == first.host_id
     assert Host.objects.filter(agent_id=agent_id).count() == 1
@@ -163,8 +164,8 @@ def test_an_agent_id_of_another_supplier_is_refused() -> None:
     host = f.register_host(agent_id=agent_id)
     intruder_token, _ = f.make_token()
 
-    with pytest.raises(services.RegistrationRefused):
-        services.register_host(intruder_token.pk, f.register_message(agent_id), "chan-x")
+    with pytest.raises(registration.RegistrationRefused):
+        registration.register_host(intruder_token.pk, f.register_message(agent_id), "chan-x")
 
     host.refresh_from_db()
     assert host.owner_id != intruder_token.owner_id
@@ -196,7 +197,7 @@ def test_register_keeps_a_reported_lease_and_clears_its_host_loss() -> None:
     assert lease.host_lost_since is not None
 
     message = f.register_message(str(host.agent_id), claims=[f.claim_of(lease)])
-    registered = services.register_host(token.pk, message, "chan-2")
+    registered = registration.register_host(token.pk, message, "chan-2")
 
     assert registered.desired_claims == (str(lease.id),)
     lease.refresh_from_db()
@@ -210,7 +211,7 @@ def test_a_claim_for_an_unknown_lease_is_not_desired() -> None:
     stray = f.claim_of(Lease(id=uuid.uuid4(), epoch=1))
 
     message = f.register_message(str(host.agent_id), claims=[stray])
-    registered = services.register_host(token.pk, message, "chan-2")
+    registered = registration.register_host(token.pk, message, "chan-2")
 
     assert registered.desired_claims == ()
 
@@ -223,7 +224,7 @@ def test_a_claim_for_another_hosts_lease_is_not_desired() -> None:
     host = f.register_host(token)
 
     message = f.register_message(str(host.agent_id), claims=[f.claim_of(lease)])
-    registered = services.register_host(token.pk, message, "chan-2")
+    registered = registration.register_host(token.pk, message, "chan-2")
 
     assert registered.desired_claims == ()
     lease.refresh_from_db()
@@ -287,7 +288,7 @@ def test_heartbeat_stats_bring_an_offline_host_back_online_with_a_transition() -
     host = f.register_host()
     now = timezone.now()
     _set_redis_deadline(host.pk, now - timedelta(seconds=1))
-    assert services.mark_overdue_hosts_offline(now=now) == [host.pk]
+    assert sweep.mark_overdue_hosts_offline(now=now) == [host.pk]
 
     heartbeats.write_heartbeat_stats(host.pk, f.heartbeat([0]))
 
@@ -349,7 +350,7 @@ def test_a_host_past_its_redis_deadline_goes_offline() -> None:
     assert host.offline_after > now  # Postgres: still fresh
     _set_redis_deadline(host.pk, now - timedelta(seconds=1))
 
-    went_offline = services.mark_overdue_hosts_offline(now=now)
+    went_offline = sweep.mark_overdue_hosts_offline(now=now)
 
     assert went_offline == [host.pk]
     host.refresh_from_db()
@@ -366,7 +367,7 @@ def test_the_active_leases_of_a_host_that_went_offline_are_marked_lost() -> None
     now = timezone.now()
     _set_redis_deadline(host.pk, now - timedelta(seconds=1))
 
-    services.mark_overdue_hosts_offline(now=now)
+    sweep.mark_overdue_hosts_offline(now=now)
 
     for lease in (running, reserving):
         lease.refresh_from_db()
@@ -380,7 +381,7 @@ def test_a_fresh_redis_deadline_outranks_a_stale_postgres_one() -> None:
     _make_postgres_deadline_stale(host, now)
     _set_redis_deadline(host.pk, now + timedelta(seconds=20))
 
-    went_offline = services.mark_overdue_hosts_offline(now=now)
+    went_offline = sweep.mark_overdue_hosts_offline(now=now)
 
     assert host.pk not in went_offline
     host.refresh_from_db()
@@ -395,7 +396,7 @@ def test_a_host_past_its_postgres_deadline_without_redis_entry_goes_offline() ->
     _make_postgres_deadline_stale(host, now)
     liveness.forget(host.pk)  # as after a Redis restart
 
-    went_offline = services.mark_overdue_hosts_offline(now=now)
+    went_offline = sweep.mark_overdue_hosts_offline(now=now)
 
     assert went_offline == [host.pk]
     host.refresh_from_db()
@@ -406,20 +407,20 @@ def test_the_offline_sweep_is_a_compare_and_set() -> None:
     host = f.register_host()
     now = timezone.now()
     _set_redis_deadline(host.pk, now - timedelta(seconds=1))
-    assert services.mark_overdue_hosts_offline(now=now) == [host.pk]
+    assert sweep.mark_overdue_hosts_offline(now=now) == [host.pk]
 
     # A second sweep that still sees the host overdue (a stale Redis entry and a stale
     # Postgres deadline) must not flip it again.
     _make_postgres_deadline_stale(host, now)
     _set_redis_deadline(host.pk, now - timedelta(seconds=1))
-    assert services.mark_overdue_hosts_offline(now=now) == []
+    assert sweep.mark_overdue_hosts_offline(now=now) == []
 
     assert HostTransition.objects.filter(host=host, to_status="offline").count() == 1
 
 
 def test_an_online_host_within_its_deadline_stays_online() -> None:
     host = f.register_host()
-    went_offline = services.mark_overdue_hosts_offline(now=timezone.now())
+    went_offline = sweep.mark_overdue_hosts_offline(now=timezone.now())
     assert host.pk not in went_offline
     host.refresh_from_db()
     assert host.status == Host.Status.ONLINE
@@ -437,7 +438,7 @@ def test_a_lease_whose_host_came_back_is_not_ended_after_the_grace() -> None:
     lease = f.start_lease(host)
     now = timezone.now()
     _set_redis_deadline(host.pk, now - timedelta(seconds=1))
-    assert services.mark_overdue_hosts_offline(now=now) == [host.pk]
+    assert sweep.mark_overdue_hosts_offline(now=now) == [host.pk]
 
     f.register_host(token, agent_id=str(host.agent_id), claims=[])  # back, holding nothing yet
     assert f.ack(f.command_of(lease, Command.Kind.RESERVE))
@@ -463,7 +464,7 @@ def test_a_lease_whose_host_resumed_heartbeats_is_not_ended_after_the_grace() ->
     lease = f.run_lease(host)
     now = timezone.now()
     _set_redis_deadline(host.pk, now - timedelta(seconds=1))
-    assert services.mark_overdue_hosts_offline(now=now) == [host.pk]
+    assert sweep.mark_overdue_hosts_offline(now=now) == [host.pk]
 
     heartbeats.write_heartbeat_stats(host.pk, f.heartbeat([0], claims=[f.claim_of(lease)]))
     host.refresh_from_db()
@@ -507,7 +508,7 @@ def test_a_token_holds_at_most_max_hosts_per_token(settings: object) -> None:
     first = f.register_host(token)
     f.register_host(token)
 
-    with pytest.raises(services.RegistrationRefused, match="already holds 2 hosts"):
+    with pytest.raises(registration.RegistrationRefused, match="already holds 2 hosts"):
         f.register_host(token)
 
     # A host it holds may always come back.
@@ -551,9 +552,9 @@ def test_after_the_hubs_own_outage_no_host_goes_offline_before_its_postgres_dead
         run_id, seconds_ago = before
         _previous_sweep(_this_redis() if run_id == "this" else run_id, seconds_ago)
 
-    assert services.mark_overdue_hosts_offline(now=now) == []
+    assert sweep.mark_overdue_hosts_offline(now=now) == []
     # The next sweeps hold too, for one offline interval.
-    assert services.mark_overdue_hosts_offline(now=timezone.now()) == []
+    assert sweep.mark_overdue_hosts_offline(now=timezone.now()) == []
     host.refresh_from_db()
     assert host.status == Host.Status.ONLINE
 
@@ -565,7 +566,7 @@ def test_during_the_hold_a_host_past_both_deadlines_still_goes_offline() -> None
     _set_redis_deadline(host.pk, now - timedelta(seconds=30))
     _previous_sweep("another-redis-life", 5.0)
 
-    assert services.mark_overdue_hosts_offline(now=now) == [host.pk]
+    assert sweep.mark_overdue_hosts_offline(now=now) == [host.pk]
 
 
 def test_once_the_hold_is_over_redis_alone_decides_again() -> None:
@@ -573,9 +574,9 @@ def test_once_the_hold_is_over_redis_alone_decides_again() -> None:
     now = timezone.now()
     _set_redis_deadline(host.pk, now - timedelta(seconds=1))
     _previous_sweep("another-redis-life", 5.0)
-    assert services.mark_overdue_hosts_offline(now=now) == []
+    assert sweep.mark_overdue_hosts_offline(now=now) == []
 
     # One offline interval later, with sweeps every few seconds meanwhile: the hold ran out.
     f.mark_sweep_continuous()
     liveness.sync_client().set(liveness.sweep_hold_key(), repr(time.time() - 1))
-    assert services.mark_overdue_hosts_offline(now=timezone.now()) == [host.pk]
+    assert sweep.mark_overdue_hosts_offline(now=timezone.now()) == [host.pk]

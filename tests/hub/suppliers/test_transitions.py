@@ -1,6 +1,7 @@
 """Every status and maintenance change of a host goes through hub/suppliers/transitions.py and
 leaves its transition row (issue 15 item 1): the sweep, heartbeats, the supplier's page and
-both of the admin's ways (the drain action and the change form)."""
+both of the admin's ways (the drain action and the change form). Going offline and coming
+back carry their leases along through hub/leases/host_status.py, in the same transaction."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from hub.suppliers import transitions
+from hub.leases import host_status
 from hub.suppliers.models import Host, HostTransition
 from tests.hub import factories as f
 
@@ -34,11 +35,16 @@ def _reasons(host: Host) -> list[tuple[str, str, str]]:
 
 def test_offline_and_back_are_compare_and_set_with_one_row_each() -> None:
     host = f.register_host()
+    lease = f.run_lease(host)
     now = timezone.now()
-    assert transitions.mark_offline(host.pk, "no heartbeat", now)
-    assert not transitions.mark_offline(host.pk, "no heartbeat", now)  # a racing sweep
-    assert transitions.bring_back(host.pk, "heartbeat", now)
-    assert not transitions.bring_back(host.pk, "heartbeat (telemetry flush)", now)
+    assert host_status.host_lost(host.pk, "no heartbeat", now)
+    assert not host_status.host_lost(host.pk, "no heartbeat", now)  # a racing sweep
+    lease.refresh_from_db()
+    assert lease.host_lost_since == now  # the grace clock started with the status change
+    assert host_status.host_back(host.pk, "heartbeat", now)
+    assert not host_status.host_back(host.pk, "heartbeat (telemetry flush)", now)
+    lease.refresh_from_db()
+    assert lease.host_lost_since is None
     assert _reasons(host)[-2:] == [
         ("online", "offline", "no heartbeat"),
         ("offline", "online", "heartbeat"),

@@ -12,10 +12,10 @@ from django.core.cache import cache
 from django.test import Client
 from django.urls import reverse
 
+from hub.agents import heartbeats
 from hub.billing import services as billing
 from hub.catalog.models import Template
 from hub.leases.models import Lease
-from hub.suppliers import heartbeats
 from hub.suppliers import services as supplier_services
 from hub.suppliers.models import AgentToken, Gpu
 from hub.web import ratelimit

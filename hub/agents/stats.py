@@ -18,7 +18,8 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.db import DatabaseError, DataError, IntegrityError, connection, transaction
 
-from hub.suppliers import heartbeat_batch, transitions
+from hub.agents import heartbeat_batch
+from hub.leases import host_status
 from hub.suppliers.models import GpuSample, Host
 from supplier_agent.protocol import Heartbeat, ProtocolError, parse_message
 
@@ -113,7 +114,7 @@ def _write_batch(batch: Sequence[HostStats]) -> None:
             written = cursor.fetchall()
         _record_samples(written)
     for host_id in back:
-        transitions.bring_back(host_id, "heartbeat (telemetry flush)")
+        host_status.host_back(host_id, "heartbeat (telemetry flush)")
 
 
 def _processes_json(processes: Iterable[object]) -> str:

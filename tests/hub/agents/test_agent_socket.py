@@ -19,10 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hub.accounts.models import User
+from hub.agents import consumer, heartbeat_batch, stats, sweep
 from hub.asgi import application
 from hub.leases import logs as lease_logs
 from hub.lib.tokens import generate_token
-from hub.suppliers import consumers, heartbeat_batch, liveness, services, stats
+from hub.suppliers import liveness, services
 from hub.suppliers.models import Gpu, Host, HostTransition
 from supplier_agent.protocol import CLOSE_UNSUPPORTED_PROTOCOL, MAX_FRAME_BYTES
 from tests.hub import factories as f
@@ -336,14 +337,14 @@ async def test_a_newer_connection_for_the_same_agent_closes_the_older_one() -> N
 async def test_a_flooding_agent_is_disconnected() -> None:
     _, plaintext = await _supplier_token()
     communicator, welcome = await _registered(plaintext)
-    for _ in range(consumers.MAX_FRAMES_PER_WINDOW):
+    for _ in range(consumer.MAX_FRAMES_PER_WINDOW):
         await communicator.send_to(text_data='{"type": "pong", "v": 1, "nonce": "n"}')
     closed = None
     while closed is None:
         output = await communicator.receive_output(timeout=10)
         if output["type"] == "websocket.close":
             closed = output
-    assert closed["code"] == consumers.CLOSE_TOO_MANY_FRAMES
+    assert closed["code"] == consumer.CLOSE_TOO_MANY_FRAMES
     await communicator.disconnect()  # lets the consumer finish its own disconnect handler
     liveness.forget(int(welcome["host_id"]))
 
@@ -354,7 +355,7 @@ async def test_a_socket_that_never_registers_is_closed(settings: Any) -> None:
     communicator = await _connect(plaintext)
     assert (await communicator.connect())[0]
     output = await communicator.receive_output(timeout=10)
-    assert output == {"type": "websocket.close", "code": consumers.CLOSE_NO_REGISTER}
+    assert output == {"type": "websocket.close", "code": consumer.CLOSE_NO_REGISTER}
     await communicator.disconnect()
 
 
@@ -396,12 +397,12 @@ async def test_log_chunks_of_its_own_lease_reach_the_followers_and_the_backlog()
         assert await lease_logs.backlog(str(lease.pk)) == [{"seq": 7, "data": "hello\n"}]
         assert await lease_logs.backlog(str(other_lease.pk)) == []
         # Output is not frames: many chunks do not trip the flood limit.
-        for seq in range(8, 8 + consumers.MAX_FRAMES_PER_WINDOW + 50):
+        for seq in range(8, 8 + consumer.MAX_FRAMES_PER_WINDOW + 50):
             await communicator.send_to(text_data=_chunk(str(lease.pk), seq, f"{seq}\n"))
         assert await _round_trip(communicator) == []
         kept = await lease_logs.backlog(str(lease.pk))
         assert len(kept) == lease_logs.BACKLOG_CHUNKS
-        assert kept[-1]["seq"] == 7 + consumers.MAX_FRAMES_PER_WINDOW + 50
+        assert kept[-1]["seq"] == 7 + consumer.MAX_FRAMES_PER_WINDOW + 50
     finally:
         await layer.group_discard(lease_logs.group_name(str(lease.pk)), follower)
         await layer.group_discard(lease_logs.group_name(str(other_lease.pk)), follower)
@@ -433,7 +434,7 @@ async def test_an_agent_of_another_protocol_gets_one_error_and_a_close_it_can_lo
 async def test_after_a_flood_close_buffered_frames_cost_nothing(caplog: Any) -> None:
     _, plaintext = await _supplier_token()
     communicator, welcome = await _registered(plaintext)
-    for _ in range(consumers.MAX_FRAMES_PER_WINDOW + 500):
+    for _ in range(consumer.MAX_FRAMES_PER_WINDOW + 500):
         await communicator.send_to(text_data='{"type": "nope", "v": 1}')
     outputs = []
     while True:
@@ -444,7 +445,7 @@ async def test_after_a_flood_close_buffered_frames_cost_nothing(caplog: Any) -> 
     # The frames after the limit got no error replies (no work), and the close was logged once.
     assert await communicator.receive_nothing(timeout=1)
     errors = [o for o in outputs if o["type"] == "websocket.send"]
-    assert len(errors) == consumers.MAX_FRAMES_PER_WINDOW - 1  # the register was one
+    assert len(errors) == consumer.MAX_FRAMES_PER_WINDOW - 1  # the register was one
     floods = [r for r in caplog.records if "sends too many frames" in r.getMessage()]
     assert len(floods) == 1
     await communicator.disconnect()
@@ -462,7 +463,7 @@ async def test_log_chunks_for_made_up_leases_cost_a_bounded_number_of_queries() 
 
     # Each looked-up lease is answered "not on this host"; the rest were dropped unlooked.
     refused = [r for r in replies if r.get("ref") == "log_chunk"]
-    assert len(refused) == consumers.MAX_LOG_LOOKUPS_PER_WINDOW
+    assert len(refused) == consumer.MAX_LOG_LOOKUPS_PER_WINDOW
     await communicator.disconnect()
     liveness.forget(int(welcome["host_id"]))
 
@@ -519,7 +520,7 @@ async def test_a_copied_state_folder_on_another_machine_is_refused_while_the_hol
     # The same machine reconnecting is not a takeover: it supersedes its own older socket.
     again, welcome_again = await _register_on(plaintext, agent_id, MACHINE_A)
     assert welcome_again["type"] == "welcome"
-    assert (await holder.receive_output(timeout=5))["code"] == consumers.CLOSE_SUPERSEDED
+    assert (await holder.receive_output(timeout=5))["code"] == consumer.CLOSE_SUPERSEDED
     for communicator in (holder, copy, again):
         await communicator.disconnect()
     liveness.forget(int(welcome["host_id"]))
@@ -571,7 +572,7 @@ async def test_a_host_marked_offline_comes_back_on_its_next_heartbeat_not_the_ne
         host_id = int(welcome["host_id"])
         now = timezone.now()
         await database_sync_to_async(f.set_liveness_deadline)(host_id, now - timedelta(seconds=1))
-        went = await database_sync_to_async(services.mark_overdue_hosts_offline)(now=now)
+        went = await database_sync_to_async(sweep.mark_overdue_hosts_offline)(now=now)
         assert went == [host_id]
         host = await database_sync_to_async(Host.objects.get)(pk=host_id)
         assert host.status == Host.Status.OFFLINE

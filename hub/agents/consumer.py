@@ -16,10 +16,11 @@ from django.conf import settings
 from django.db import close_old_connections
 from redis.exceptions import RedisError
 
+from hub.agents import heartbeats, registration
 from hub.leases import logs as lease_logs
 from hub.leases import services as lease_services
 from hub.lib.compat_channels import dispatch_without_db_cleanup
-from hub.suppliers import heartbeats, services
+from hub.suppliers.services import authenticate_agent_token
 from hub.tunnels import services as tunnel_services
 from hub.volumes import services as volume_services
 from supplier_agent.protocol import (
@@ -110,7 +111,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
     _closing = False
 
     async def connect(self) -> None:
-        token = await _db(services.authenticate_agent_token)(_bearer(self.scope))
+        token = await _db(authenticate_agent_token)(_bearer(self.scope))
         if token is None:
             await self.close()  # before accept: Daphne answers the handshake with 403
             return
@@ -146,7 +147,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if deadline is not None:
             deadline.cancel()
         if self.host_id is not None:
-            await _db(services.detach_channel)(self.host_id, self.channel_name)
+            await _db(registration.detach_channel)(self.host_id, self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self._closing:
@@ -184,7 +185,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         try:
             await self._handle(message)
-        except services.RegistrationRefused as exc:
+        except registration.RegistrationRefused as exc:
             await self._reply(Error(reason=str(exc), ref="register"))
             await self._close(None)
         except Exception:
@@ -264,10 +265,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if message.probe:
             # `cloudgpu-agent smoke`: answer like a registration, change nothing (the real
             # agent may be connected right now on another socket).
-            host_id = await _db(services.probe_registration)(self.token_id, message)
+            host_id = await _db(registration.probe_registration)(self.token_id, message)
             await self._reply(Welcome(host_id=host_id))
             return
-        registered = await _db(services.register_host)(self.token_id, message, self.channel_name)
+        registered = await _db(registration.register_host)(
+            self.token_id, message, self.channel_name
+        )
         self.host_id = registered.host_id
         await self._reply(
             Welcome(

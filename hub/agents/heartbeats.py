@@ -5,7 +5,7 @@ group-committed write with other hosts' (heartbeat_batch.py); telemetry only whe
 HOST_STATS_WRITE_INTERVAL_S passed, never more often than half a heartbeat interval, and to
 Postgres directly while Redis is down; newly seen foreign compute processes are flagged; and a
 host the offline sweep marked offline while this socket stayed open (a stalled agent, a slow
-network) is brought back on this very heartbeat (transitions.py), not on the next flush.
+network) is brought back on this very heartbeat (hub/leases/host_status.py), not on the next flush.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from django.conf import settings
 from django.utils import timezone
 from redis.exceptions import RedisError
 
+from hub.agents import heartbeat_batch, stats
+from hub.leases import host_status
 from hub.leases.models import Lease
-from hub.suppliers import heartbeat_batch, stats, transitions
 from hub.suppliers.models import Gpu
 from supplier_agent.protocol import Heartbeat, encode
 
@@ -46,7 +47,7 @@ async def arrived(conn: Connection, host_id: int, message: Heartbeat, db: DbCall
     now = time.time()
     if conn.marked_offline:
         conn.marked_offline = False
-        await db(transitions.bring_back)(host_id, "heartbeat")
+        await db(host_status.host_back)(host_id, "heartbeat")
     signature = telemetry_signature(message)
     since_write = now - conn.written_at
     # A floor between writes whatever changed: a chatty agent cannot hammer Postgres.

@@ -19,7 +19,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from hub.suppliers import heartbeat_batch, liveness, stats
+from hub.agents import heartbeat_batch, stats
+from hub.suppliers import liveness
 from hub.suppliers.models import Gpu, GpuSample, Host
 from supplier_agent.protocol import GpuProcess, encode
 from tests.hub import factories as f

@@ -2,12 +2,15 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from hub.suppliers import services, stats
+from hub.agents import stats, sweep
+
+# The names are those from before these tasks moved out of hub.suppliers: during a rolling
+# deploy the previous release's beat still sends them, and a worker of either release runs them.
 
 
 @shared_task(name="suppliers.mark_overdue_hosts_offline")
 def mark_overdue_hosts_offline() -> int:
-    return len(services.mark_overdue_hosts_offline())
+    return len(sweep.mark_overdue_hosts_offline())
 
 
 @shared_task(name="suppliers.flush_heartbeat_stats")

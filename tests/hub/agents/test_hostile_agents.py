@@ -24,8 +24,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
+from hub.agents import stats
 from hub.asgi import application
-from hub.suppliers import liveness, services, stats
+from hub.suppliers import liveness, services
 from hub.suppliers.models import Gpu
 from tests.hub import factories as f
 
