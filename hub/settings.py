@@ -377,6 +377,22 @@ CELERY_BEAT_SCHEDULE["expire-due-leases"] = {
     "schedule": float(SWEEP_INTERVAL_S),
     "options": {"expires": float(SWEEP_INTERVAL_S)},
 }
+# Retention (hub/leases/retention.py): commands of leases ended this many days ago are deleted
+# (the lease row and the ledger are the record), and an ended lease's live-log backlog leaves
+# Redis this long after the end (its exit-time log tail stays in Postgres).
+COMMAND_RETENTION_DAYS = env_int("COMMAND_RETENTION_DAYS", 30)
+LOG_BACKLOG_AFTER_END_S = env_int("LOG_BACKLOG_AFTER_END_S", 3600)
+LEASE_RETENTION_INTERVAL_S = env_int("LEASE_RETENTION_INTERVAL_S", 600)
+if COMMAND_RETENTION_DAYS < 1 or LOG_BACKLOG_AFTER_END_S < 0 or LEASE_RETENTION_INTERVAL_S < 1:
+    raise ImproperlyConfigured(
+        "COMMAND_RETENTION_DAYS and LEASE_RETENTION_INTERVAL_S must be at least 1, "
+        "LOG_BACKLOG_AFTER_END_S at least 0"
+    )
+CELERY_BEAT_SCHEDULE["prune-commands"] = {
+    "task": "leases.prune_commands",
+    "schedule": float(LEASE_RETENTION_INTERVAL_S),
+    "options": {"expires": float(LEASE_RETENTION_INTERVAL_S)},
+}
 
 # --- Dashboard (hub/web) --------------------------------------------------------------------
 LOGIN_URL = "web:login"

@@ -113,3 +113,9 @@ def backlog_text(lease_id: str) -> str:
     """The kept output as one text (synchronous, for the API)."""
     raw = liveness.sync_client().lrange(backlog_key(lease_id), 0, -1)
     return "".join(entry["data"] for entry in _entries(raw))  # type: ignore[arg-type]
+
+
+def drop_backlogs(lease_ids: list[str]) -> None:
+    """Delete these leases' backlogs now (synchronous, for the retention task)."""
+    if lease_ids:
+        liveness.sync_client().delete(*(backlog_key(pk) for pk in lease_ids))
