@@ -23,6 +23,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from supplier_agent import __version__
 from supplier_agent.config import AgentConfig
 from supplier_agent.hostinfo import read_host_info
+from supplier_agent.lease_locks import LeaseLocks
 from supplier_agent.logs import LogFollowers
 from supplier_agent.protocol import (
     CLOSE_UNSUPPORTED_PROTOCOL,
@@ -150,7 +151,7 @@ class Agent:
         # Exits the hub has not acted on yet (no release came): re-sent with each heartbeat,
         # so a report lost in a reconnect or a hub hiccup does not leave a lease billed forever.
         self._pending_exits: dict[str, ContainerExited] = {}
-        self._lease_locks: dict[str, asyncio.Lock] = {}
+        self._lease_locks = LeaseLocks()
         self._tasks: set[asyncio.Task[None]] = set()
         self.tunnels = TunnelManager(state.dir, self._note_tunnel_state)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -451,8 +452,7 @@ class Agent:
     # --- commands -------------------------------------------------------------------------
 
     async def _handle_command(self, ws: ClientConnection, command: Command) -> None:
-        lock = self._lease_locks.setdefault(command.lease_id, asyncio.Lock())
-        async with lock:
+        async with self._lease_locks.hold(command.lease_id):
             stored = self.state.answer_for(command.command_id)
             if stored is None:
                 ack = await self.execute(command)
@@ -555,8 +555,7 @@ class Agent:
         return {"warnings": warnings}
 
     async def _release_locally(self, lease_id: str) -> None:
-        lock = self._lease_locks.setdefault(lease_id, asyncio.Lock())
-        async with lock:
+        async with self._lease_locks.hold(lease_id):
             claim = self.state.claims.get(lease_id)
             self.logs.stop(lease_id)
             await self.tunnels.stop(lease_id)
