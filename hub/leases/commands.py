@@ -1,15 +1,15 @@
 """The commands the hub sends to agents (reserve, docker_run, release), built as the protocol's
 own messages from a lease.
 
-Every command goes through ``payload``, which encodes it and parses the frame with the agent's
-``parse_message`` before the outbox row is written: a command the agent would refuse (a 17th
+Every command goes through ``payload``, which runs the agent's own checks on it
+(``protocol.checked_body``: the frame size and the message's ``from_dict``, once, without a
+JSON round trip) before the outbox row is written: a command the agent would refuse (a 17th
 port, a volume name it does not know) fails here, in the transaction that would have queued
 it, with the protocol's reason, instead of as an ``error`` reply minutes later on the host.
 """
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -29,8 +29,7 @@ from supplier_agent.protocol import (
     Reserve,
     TunnelForward,
     TunnelSpec,
-    encode,
-    parse_message,
+    checked_body,
 )
 from supplier_agent.protocol import Command as CommandMessage
 
@@ -124,12 +123,9 @@ def paid_until(lease: Lease) -> str | None:
 
 
 def payload(message: CommandMessage) -> dict[str, Any]:
-    """The outbox row's payload: the frame the agent will get, as JSON, once the agent's own
+    """The outbox row's payload: the frame the agent will get, as a dict, once the agent's own
     parser has taken it. Raises ``InvalidCommand`` otherwise."""
-    frame = encode(message)
     try:
-        parse_message(frame, allowed=HUB_TO_AGENT)
+        return checked_body(message, allowed=HUB_TO_AGENT)
     except ProtocolError as exc:
         raise InvalidCommand(message, str(exc)) from None
-    body: dict[str, Any] = json.loads(frame)
-    return body
