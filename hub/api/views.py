@@ -300,9 +300,32 @@ class LeaseLogs(APIView):
     )
     def get(self, request: Request, pk: str) -> Response:
         lease = get_object_or_404(Lease.objects.filter(renter=request.user), pk=pk)
-        lease.log = lease_logs.backlog_text(str(lease.pk))  # type: ignore[attr-defined]
-        lease.streamed = bool(lease.log)  # type: ignore[attr-defined]
-        return Response(s.LeaseLogsSerializer(lease).data)
+        text = lease_logs.backlog_text(str(lease.pk))
+        lease.log = ""  # type: ignore[attr-defined]
+        lease.streamed = bool(text)  # type: ignore[attr-defined]
+        # The text goes in after serializing: a serializer is a cycle (its fields point back at
+        # it, it keeps its arguments), so whatever it holds waits for a full collection.
+        body = dict(s.LeaseLogsSerializer(lease).data)
+        body["log"] = text
+        return Response(body)
+
+    def dispatch(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        response = super().dispatch(request, *args, **kwargs)
+        # DRF links the view, its Request and the Response both ways (parser_context and
+        # renderer_context name the view, the view names both): the lot, with up to 3 MiB of
+        # log text and its rendered body, waited for a full collection, which big strings never
+        # bring on; the web process grew ~100 MiB/h under this endpoint (issue 23). Render now
+        # (Django would, next) and cut the links, so reference counting frees it on return.
+        if isinstance(response, Response):
+            response.render()
+            response.renderer_context = {}
+            response.data = None
+        drf_request = getattr(self, "request", None)
+        if isinstance(drf_request, Request):
+            drf_request.parser_context = {}
+        self.__dict__.pop("response", None)
+        self.__dict__.pop("request", None)
+        return response
 
 
 class LeaseAccessToken(APIView):
