@@ -120,11 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
         with_install(commands.add_parser("install-service", help="install the systemd unit"))
     )
     install.add_argument("--prefix", default="/opt/cloudgpu-agent", help="installation folder")
-    install.add_argument("--unit-dir", default="/etc/systemd/system")
+    # No default here: with --no-systemd and no --unit-dir nothing under /etc is touched.
+    unit_dir_help = "unit folder (default /etc/systemd/system; none with --no-systemd)"
+    install.add_argument("--unit-dir", help=unit_dir_help)
     uninstall = with_install(
         commands.add_parser("uninstall-service", help="stop and remove the systemd unit")
     )
-    uninstall.add_argument("--unit-dir", default="/etc/systemd/system")
+    uninstall.add_argument("--unit-dir", help=unit_dir_help)
     upgrade = with_state(
         with_install(commands.add_parser("upgrade", help="install the hub's current agent version"))
     )
@@ -134,6 +136,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     upgrade.add_argument(
         "--force", action="store_true", help="reinstall even if the version is the same"
+    )
+    upgrade.add_argument(
+        "--allow-downgrade", action="store_true", help="install the hub's version even if older"
+    )
+    upgrade.add_argument(
+        "--timeout",
+        type=float,
+        default=600,
+        metavar="S",
+        help="give up and roll back after S seconds in all (default 600)",
+    )
+    upgrade.add_argument(
+        "--health-window",
+        type=float,
+        default=30,
+        metavar="S",
+        help="after the restart, roll back unless the service stays up S seconds (default 30)",
     )
     return parser
 
@@ -242,23 +261,30 @@ def cmd_service(args: argparse.Namespace) -> int:
 
     from supplier_agent.service import ServiceError, install_service, uninstall_service
 
+    unit_dir = Path(args.unit_dir) if args.unit_dir else None
     try:
         if args.command == "uninstall-service":
-            return uninstall_service(Path(args.unit_dir), no_systemd=args.no_systemd)
+            return uninstall_service(unit_dir, no_systemd=args.no_systemd)
         state = args.state or os.environ.get("CLOUDGPU_STATE_DIR") or default_state_dir()
-        return install_service(
-            Path(args.prefix), Path(state), Path(args.unit_dir), no_systemd=args.no_systemd
-        )
+        return install_service(Path(args.prefix), Path(state), unit_dir, no_systemd=args.no_systemd)
     except ServiceError as exc:
         print(f"cloudgpu-agent: {exc}", file=sys.stderr)
         return EXIT_ERROR
 
 
-def cmd_upgrade(args: argparse.Namespace, config: AgentConfig) -> int:
+def cmd_upgrade(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from supplier_agent.config import CONFIG_NAME
     from supplier_agent.upgrade import UpgradeError, release_url_for, upgrade
 
+    flags = _flags(args)
+    prefix_state = Path(args.prefix) / "state"
+    # The installer keeps the state under the prefix: `upgrade --prefix P` finds it there.
+    explicit = flags["state"] or os.environ.get("CLOUDGPU_STATE_DIR")
+    if not explicit and (prefix_state / CONFIG_NAME).exists():
+        flags["state"] = str(prefix_state)
+    config = load(flags)
     try:
         return upgrade(
             Path(args.prefix),
@@ -266,6 +292,9 @@ def cmd_upgrade(args: argparse.Namespace, config: AgentConfig) -> int:
             args.release_url or release_url_for(config.hub_url),
             no_systemd=args.no_systemd,
             force=args.force,
+            allow_downgrade=args.allow_downgrade,
+            deadline_s=args.timeout,
+            health_window_s=args.health_window,
         )
     except (UpgradeError, OSError) as exc:
         print(f"cloudgpu-agent upgrade: {exc}", file=sys.stderr)
@@ -296,13 +325,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_doctor(args.state, connectivity=args.connectivity)
         if args.command in ("install-service", "uninstall-service"):
             return cmd_service(args)
+        if args.command == "upgrade":
+            return cmd_upgrade(args)
         config = load(_flags(args))
         if args.command == "smoke":
             from supplier_agent.smoke import run_smoke
 
             return run_smoke(config)
-        if args.command == "upgrade":
-            return cmd_upgrade(args, config)
         return cmd_run(config)
     except (ConfigError, StateInUse) as exc:
         print(f"cloudgpu-agent: {exc}", file=sys.stderr)

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 UNIT_NAME = "cloudgpu-agent.service"
@@ -125,9 +126,17 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def install_service(prefix: Path, state_dir: Path, unit_dir: Path, *, no_systemd: bool) -> int:
+def install_service(
+    prefix: Path, state_dir: Path, unit_dir: Path | None, *, no_systemd: bool
+) -> int:
     require_root(no_systemd)
     text = render_unit(prefix, state_dir)
+    if unit_dir is None and no_systemd:
+        # --no-systemd promises nothing under /etc is touched: without --unit-dir, show the unit.
+        sys.stdout.write(text)
+        print(f"--no-systemd: wrote nothing (pass --unit-dir DIR to write {UNIT_NAME} there)")
+        return 0
+    unit_dir = unit_dir or DEFAULT_UNIT_DIR
     agent = _checked_path("prefix", prefix) / "venv" / "bin" / "cloudgpu-agent"
     if not agent.exists():
         message = f"{agent} does not exist yet; install the agent under {prefix} first"
@@ -162,9 +171,12 @@ def install_service(prefix: Path, state_dir: Path, unit_dir: Path, *, no_systemd
     return 0
 
 
-def uninstall_service(unit_dir: Path, *, no_systemd: bool) -> int:
+def uninstall_service(unit_dir: Path | None, *, no_systemd: bool) -> int:
     require_root(no_systemd)
-    unit_path = unit_dir / UNIT_NAME
+    if unit_dir is None and no_systemd:
+        print(f"--no-systemd: removed nothing (pass --unit-dir DIR to remove {UNIT_NAME} there)")
+        return 0
+    unit_path = (unit_dir or DEFAULT_UNIT_DIR) / UNIT_NAME
     if not unit_path.exists():
         print(f"{unit_path} is not installed; nothing to do")
         return 0
@@ -183,3 +195,38 @@ def uninstall_service(unit_dir: Path, *, no_systemd: bool) -> int:
     if not no_systemd:
         _systemctl("daemon-reload")
     return 0
+
+
+def _service_status() -> dict[str, str]:
+    try:
+        result = subprocess.run(
+            ["systemctl", "show", SERVICE, "-p", "ActiveState", "-p", "MainPID", "-p", "NRestarts"],
+            capture_output=True,
+            text=True,
+            timeout=SYSTEMCTL_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"ActiveState": f"unknown ({exc})"}
+    pairs = (line.partition("=") for line in result.stdout.splitlines())
+    return {key: value for key, _, value in pairs}
+
+
+def watch_service(window_s: float, poll_s: float = 0.5) -> str | None:
+    """Watch the freshly restarted service for ``window_s``: ``None`` if it stayed up as one
+    process, else why not. A version that passes ``smoke`` can still die in ``run``, and under
+    ``Restart=always`` that shows as a new MainPID or a higher NRestarts, not as "failed"."""
+    first = _service_status()
+    if first.get("ActiveState") != "active":
+        return f"{SERVICE} is {first.get('ActiveState') or 'not running'} right after the restart"
+    end = time.monotonic() + window_s
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(poll_s, left))  # a poll interval, not a synchronisation
+        now = _service_status()
+        if now.get("ActiveState") != "active":
+            return f"{SERVICE} stopped ({now.get('ActiveState')}) within {window_s:g} s"
+        if now.get("MainPID") != first.get("MainPID") or now.get("NRestarts") != first.get(
+            "NRestarts"
+        ):
+            return f"{SERVICE} restarted (crashed) within {window_s:g} s"
+    return None
