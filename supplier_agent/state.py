@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+# Answers kept, in memory and (compacted at twice this) in commands.jsonl. In memory each is
+# its journal line, not a dict: 10,000 dicts took ~10 MB of a 40 MB agent (issue 23).
 MAX_REMEMBERED_COMMANDS = 10_000
 
 
@@ -95,13 +97,14 @@ class AgentState:
         self.epochs: dict[int, int] = {
             int(k): int(v) for k, v in _read_json(self.dir / "epochs.json", {}).items()
         }
-        self.answers: OrderedDict[str, dict[str, Any]] = self._load_answers()
+        self.answers: OrderedDict[str, str] = self._load_answers()
+        self._journaled = len(self.answers)  # lines in commands.jsonl
 
     def _load_agent_id(self) -> str:
         return load_agent_id(self.dir)
 
-    def _load_answers(self) -> OrderedDict[str, dict[str, Any]]:
-        answers: OrderedDict[str, dict[str, Any]] = OrderedDict()
+    def _load_answers(self) -> OrderedDict[str, str]:
+        answers: OrderedDict[str, str] = OrderedDict()
         path = self.dir / "commands.jsonl"
         try:
             lines = path.read_text().splitlines()
@@ -110,7 +113,7 @@ class AgentState:
         for line in lines:
             try:
                 entry = json.loads(line)
-                answers[entry["command_id"]] = entry["ack"]
+                answers[entry["command_id"]] = json.dumps(entry["ack"])
             except (ValueError, KeyError, TypeError):
                 continue  # a line torn by a crash mid-write
         while len(answers) > MAX_REMEMBERED_COMMANDS:
@@ -122,18 +125,24 @@ class AgentState:
     # --- commands ---------------------------------------------------------------------------
 
     def answer_for(self, command_id: str) -> dict[str, Any] | None:
-        return self.answers.get(command_id)
+        stored = self.answers.get(command_id)
+        return None if stored is None else dict(json.loads(stored))
 
     def remember_answer(self, command_id: str, ack: dict[str, Any]) -> None:
-        self.answers[command_id] = ack
+        self.answers[command_id] = json.dumps(ack)
         with open(self.dir / "commands.jsonl", "a") as journal:
             journal.write(json.dumps({"command_id": command_id, "ack": ack}) + "\n")
             journal.flush()
             os.fsync(journal.fileno())
-        if len(self.answers) > 2 * MAX_REMEMBERED_COMMANDS:
-            while len(self.answers) > MAX_REMEMBERED_COMMANDS:
-                self.answers.popitem(last=False)
+        # The journal may hold twice as many (compacted only then: a rewrite per answer would
+        # be a lot of fsync'd writing); a restart keeps the newest MAX_REMEMBERED_COMMANDS, the
+        # same ones as memory.
+        while len(self.answers) > MAX_REMEMBERED_COMMANDS:
+            self.answers.popitem(last=False)
+        self._journaled += 1
+        if self._journaled > 2 * MAX_REMEMBERED_COMMANDS:
             _write_lines(self.dir / "commands.jsonl", self.answers)
+            self._journaled = len(self.answers)
 
     # --- epochs -----------------------------------------------------------------------------
 
@@ -161,12 +170,12 @@ class AgentState:
         _write_atomic(self.dir / "claims.json", {k: asdict(v) for k, v in self.claims.items()})
 
 
-def _write_lines(path: Path, answers: OrderedDict[str, dict[str, Any]]) -> None:
+def _write_lines(path: Path, answers: OrderedDict[str, str]) -> None:
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         for command_id, ack in answers.items():
-            handle.write(json.dumps({"command_id": command_id, "ack": ack}) + "\n")
+            handle.write(json.dumps({"command_id": command_id, "ack": json.loads(ack)}) + "\n")
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)

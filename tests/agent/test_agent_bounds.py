@@ -11,6 +11,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
+from supplier_agent import state as state_module
 from supplier_agent.agent import Agent
 from supplier_agent.config import AgentConfig
 from supplier_agent.mock_runtime import MockRuntime
@@ -57,3 +60,22 @@ def test_per_lease_locks_go_with_their_leases(tmp_path: Path) -> None:
 
         assert len(agent._lease_locks) == 0
         assert agent.state.claims == {}
+
+
+def test_remembered_answers_are_bounded_and_survive_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(state_module, "MAX_REMEMBERED_COMMANDS", 50)
+    state = AgentState(tmp_path)
+    ids = [str(uuid.uuid4()) for _ in range(99)]
+    for n, command_id in enumerate(ids):
+        state.remember_answer(command_id, {"command_id": command_id, "ok": True, "n": n})
+
+    assert len(state.answers) == 50  # in memory: never more than the bound
+    assert state.answer_for(ids[0]) is None
+    assert state.answer_for(ids[-1]) == {"command_id": ids[-1], "ok": True, "n": 98}
+
+    again = AgentState(tmp_path)
+    assert again.answer_for(ids[-50]) == {"command_id": ids[-50], "ok": True, "n": 49}
+    assert again.answer_for(ids[-51]) is None
+    assert len((tmp_path / "commands.jsonl").read_text().splitlines()) == 50
