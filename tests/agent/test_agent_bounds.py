@@ -21,7 +21,7 @@ from supplier_agent.state import AgentState
 from tests.support.agents import new_token
 from tests.support.hub_peer import HubPeer, PeerConnection
 
-LEASES = 300
+LEASES = 100
 
 
 @contextmanager

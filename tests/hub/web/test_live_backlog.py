@@ -20,8 +20,6 @@ from tests.hub import factories as f
 from tests.support import hub_stack
 from tests.support.processes import hub_env, python_module, running
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
 CHUNK_CHARS = 16_000  # near the protocol's 16 KiB per chunk
 
 
@@ -75,6 +73,9 @@ async def _subscribe(port: int, cookie: str, lease_id: str, expected: str) -> li
         return frames
 
 
+# A real Daphne, as the end-to-end tests start it: its message limit is the point.
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
 def test_more_than_a_mib_kept_reaches_the_page_in_bounded_frames(daphne: int) -> None:
     lease = f.start_lease(f.register_host())
     client = Client()
