@@ -83,7 +83,7 @@ def test_shellcheck_is_clean(install_script: str, tmp_path: Path) -> None:
 
 def test_a_truncated_download_runs_nothing(install_script: str, tmp_path: Path) -> None:
     lines = install_script.splitlines(keepends=True)
-    assert lines[-1] == 'main "$@"\n'
+    assert lines[-1] == 'main "$@" cloudgpu-install-end\n'
     prefix = tmp_path / "prefix"
     args = ("--prefix", str(prefix), "--no-systemd", "--runtime", "mock")
     hub = ("--hub", f"http://127.0.0.1:{free_port()}")  # nothing listens there
@@ -195,8 +195,11 @@ def test_installing_from_a_live_hub_brings_the_host_online_and_reruns_upgrade_in
 
         second = run_script(script, *args, tmp=tmp_path, token=token, timeout_s=600)
         assert second.returncode == 0, second.stderr
-        assert f"{MARKER} upgrading the existing installation in {venv}" in second.stderr
-        assert (venv / "pyvenv.cfg").stat().st_ino == venv_id
+        # Installed beside the running version, then switched to (issue 22): the first stays.
+        assert "beside the installed" in second.stderr
+        assert (venv / "pyvenv.cfg").stat().st_ino != venv_id
+        assert os.readlink(venv).endswith("-2")
+        assert os.readlink(venv).startswith("venvs/")
         site = next((venv / "lib").glob("python3*/site-packages"))
         assert len(list(site.glob("cloudgpu_agent-*.dist-info"))) == 1
         assert list((tmp_path / "tmp").iterdir()) == []
