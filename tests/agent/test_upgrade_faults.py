@@ -28,6 +28,9 @@ from tests.agent import test_upgrade
 from tests.agent.test_upgrade import Build, Site, Wheel, _build_wheel, _run
 from tests.support.agents import AGENT, agent_env
 
+# Virtualenvs, pip and real agents: seconds each, out of the fast lane (tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 # The same fixtures: wheels and a wheelhouse built once per module, a prefix per test.
 build = test_upgrade.build
 site = test_upgrade.site

@@ -42,6 +42,9 @@ from tests.support.agents import agent_env, new_token
 from tests.support.hub_peer import HubPeer
 from tests.support.processes import REPO_ROOT
 
+# Virtualenvs, pip and real agents: seconds each, out of the fast lane (tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 MARKER = "cloudgpu-install:"
 Handler = Callable[[http.server.BaseHTTPRequestHandler], None]
 
