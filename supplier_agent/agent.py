@@ -36,6 +36,10 @@ from supplier_agent.protocol import (
     ContainerExited,
     DockerRun,
     Error,
+    ExecClose,
+    ExecInput,
+    ExecOpen,
+    ExecResize,
     Heartbeat,
     LogChunk,
     Logs,
@@ -55,9 +59,15 @@ from supplier_agent.protocol import (
 )
 from supplier_agent.runtime import CommandFailed, Runtime
 from supplier_agent.state import AgentState, Claim
+from supplier_agent.terminals import Terminals
 from supplier_agent.tunnels import TunnelManager, require_tools, spec_to_dict
 
 log = logging.getLogger("cloudgpu.agent")
+
+
+async def _nowhere(message: Message) -> None:
+    """Frames of terminals with no connection: nobody to send them to."""
+
 
 WELCOME_TIMEOUT_S = 10.0
 BACKOFF_BASE_S = 1.0
@@ -156,6 +166,8 @@ class Agent:
         self.tunnels = TunnelManager(state.dir, self._note_tunnel_state)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.logs = LogFollowers(runtime, self._send_from_thread, self._log_follow_failed)
+        # Replaced on every connection (_session); this one belongs to none.
+        self._terminals = Terminals(runtime.open_exec, _nowhere)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -266,6 +278,8 @@ class Agent:
             # The hub may have restarted and lost what it knew of our tunnels: tell it again.
             for tunnel_state in self.tunnels.current_states():
                 self._outbox.put_nowait(tunnel_state)
+            # Renters' terminals live as long as this connection: nobody else sees their output.
+            self._terminals = Terminals(self.runtime.open_exec, lambda m: ws.send(encode(m)))
             workers = [
                 asyncio.create_task(self._receive_loop(ws)),
                 asyncio.create_task(self._heartbeat_loop(ws)),
@@ -277,6 +291,7 @@ class Agent:
             finally:
                 # Nobody on the hub side watches any more; a new viewer asks again.
                 self.logs.stop_all()
+                self._terminals.close_all()
                 for task in workers:
                     task.cancel()
                 await asyncio.gather(*workers, return_exceptions=True)
@@ -327,6 +342,10 @@ class Agent:
                 await self._follow_logs(ws, message)
             elif isinstance(message, VolumeDelete):
                 self._spawn(self._delete_volume(message.name))
+            elif isinstance(message, (ExecOpen, ExecInput, ExecResize, ExecClose)):
+                # In the background, in order per session (terminals.py): a process that reads
+                # no input must not hold up the hub's other messages.
+                self._spawn(self._terminals.handle(message))
             elif isinstance(message, Welcome):
                 await self._apply_welcome(message)
             elif isinstance(message, Error):

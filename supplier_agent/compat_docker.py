@@ -29,10 +29,21 @@ re-check. Like the rest of the agent, this module never imports Django or hub co
     resources when closed) with the fix https://github.com/docker/docker-py/pull/3346, and the
     wider fd leak https://github.com/docker/docker-py/issues/2766; once a release closes the
     response itself, drop :func:`close_response`.
+
+``APIClient._get_raw_response_socket``'s answer, and the standard library's ``SocketIO._sock``
+    A renter's terminal (supplier_agent.docker_exec) reads the exec's hijacked stream from the
+    socket itself, so that closing the terminal can shut it down: :func:`exec_stream_socket`.
+    docker-py returns the ``SocketIO`` of the response for local engines and the socket over
+    TLS; dockerpty and the answers in docker-py's issues read ``._sock`` the same way.
+    Upstream: https://github.com/docker/docker-py/issues/2255 and
+    https://github.com/docker/docker-py/issues/2744 (the ``SocketIO`` is neither writable nor
+    a socket), both open; when a release returns a writable socket, use that.
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
 from typing import Any
 
 from docker import APIClient
@@ -56,3 +67,37 @@ def open_log_stream(
 def close_response(stream: CancellableStream) -> None:
     """Release the file descriptor ``CancellableStream.close()`` leaves open."""
     stream._response.close()
+
+
+def exec_stream_socket(stream: Any) -> socket.socket:
+    """The socket under ``APIClient.exec_start(..., socket=True)``'s answer.
+
+    For a local engine docker-py returns the response's ``socket.SocketIO`` (from
+    ``APIClient._get_raw_response_socket``: ``response.raw._fp.fp.raw``), whose ``close()``
+    leaves the connection open: a reader blocked in it wakes only when the socket itself is
+    shut down, so a terminal the renter closed would keep its thread and the exec's stream.
+    The standard library keeps that socket in ``SocketIO._sock``. Over TLS docker-py already
+    returns the socket. tests/agent/test_compat_docker.py checks both against the pins.
+    """
+    if isinstance(stream, socket.socket):
+        return stream
+    inner = getattr(stream, "_sock", None)
+    if not isinstance(inner, socket.socket):
+        raise TypeError(f"exec_start returned {type(stream).__name__}, not a socket stream")
+    return inner
+
+
+def close_exec_stream(stream: Any) -> None:
+    """Release everything behind an exec stream: the ``SocketIO``, the response docker-py
+    hangs on it (``_response``, to keep TLS sockets alive) and the socket. ``SocketIO.close()``
+    alone leaves the socket's descriptor to the garbage collector."""
+    # The response first: closing it after the SocketIO raises ValueError (flush on a closed
+    # file) before it lets go of its own reference.
+    for close in (
+        getattr(getattr(stream, "_response", None), "close", None),
+        getattr(stream, "close", None),
+        exec_stream_socket(stream).close,
+    ):
+        if close is not None:
+            with contextlib.suppress(OSError, ValueError):
+                close()

@@ -19,10 +19,11 @@ from supplier_agent.compat_docker import open_log_stream
 from supplier_agent.config import AgentConfig
 from supplier_agent.container_events import close_stream
 from supplier_agent.containers import ContainerError, ContainerRuntime, cache_volume_name
+from supplier_agent.docker_exec import DockerExec, open_exec
 from supplier_agent.egress import EgressPolicy
 from supplier_agent.gpu import Nvml
 from supplier_agent.logs import LogSink
-from supplier_agent.protocol import DockerRun, GpuState, VolumeReport
+from supplier_agent.protocol import DockerRun, ExecOpen, GpuState, VolumeReport
 from supplier_agent.runtime import CommandFailed, ExitReport, ReserveOutcome, RunOutcome
 from supplier_agent.state import Claim
 from supplier_agent.volumes import VolumeJanitor
@@ -231,6 +232,25 @@ class DockerRuntime:
         finally:
             stop.set()
             closer.join(timeout=10)
+
+    def open_exec(self, message: ExecOpen) -> DockerExec:
+        """A renter's terminal in their lease's running container (supplier_agent.terminals);
+        only for leases this agent runs."""
+        container = (
+            self.containers.find(message.lease_id) if message.lease_id in self._leases else None
+        )
+        if container is None:
+            raise CommandFailed(f"lease {message.lease_id} has no container on this host")
+        if container.status != "running":
+            raise CommandFailed(f"the rental's container is {container.status}, not running")
+        return open_exec(
+            self.containers.client.api,
+            container.id,
+            message.command,
+            tty=message.tty,
+            cols=message.cols,
+            rows=message.rows,
+        )
 
     async def container_pids(self, lease_ids: Iterable[str]) -> dict[str, list[int]]:
         def collect() -> dict[str, list[int]]:

@@ -11,9 +11,10 @@ import uuid
 from collections.abc import Iterable
 
 from supplier_agent.logs import LogSink
-from supplier_agent.protocol import DockerRun, GpuState, VolumeRemoval, VolumeReport
+from supplier_agent.protocol import DockerRun, ExecOpen, GpuState, VolumeRemoval, VolumeReport
 from supplier_agent.runtime import CommandFailed, ExitReport, ReserveOutcome, RunOutcome
 from supplier_agent.state import Claim
+from supplier_agent.terminals import ExecProcess
 
 MOCK_GPU_NAME = "NVIDIA GeForce RTX 4090"
 MOCK_GPU_MEMORY = 24 * 1024**3
@@ -73,6 +74,16 @@ class MockRuntime:
 
     def watch_exits(self, report: ExitReport, stop: threading.Event) -> None:
         stop.wait()  # mock containers never exit on their own
+
+    def open_exec(self, message: ExecOpen) -> ExecProcess:
+        # No container, so no terminal; a simulated shell would be a fake a renter could mistake
+        # for a real one.
+        if message.lease_id not in self._held:
+            raise CommandFailed(f"lease {message.lease_id} has no container on this host")
+        raise CommandFailed(
+            "this host runs the agent's mock runtime, which starts no containers, so there is "
+            "no shell to open; a host with --runtime docker gives one"
+        )
 
     def follow_logs(self, lease_id: str, tail: int, sink: LogSink, stop: threading.Event) -> None:
         """A few synthetic lines, so the demo and the hub's tests have output to show."""

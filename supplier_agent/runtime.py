@@ -7,8 +7,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from supplier_agent.protocol import DockerRun, GpuState, VolumeReport
+from supplier_agent.protocol import DockerRun, ExecOpen, GpuState, VolumeReport
 from supplier_agent.state import Claim
+from supplier_agent.terminals import ExecProcess
 
 # (lease_id, exit_code, log_tail) for a container that stopped on its own.
 # (lease id, exit code, last log lines, OOM-killed)
@@ -65,6 +66,11 @@ class Runtime(Protocol):
     ) -> None:
         """Blocking (runs in a thread): feed ``sink`` the lease's container output until the
         container exits or ``stop`` is set; ``CommandFailed`` if there is nothing to follow."""
+        ...
+
+    def open_exec(self, message: ExecOpen) -> ExecProcess:
+        """Blocking (runs in a thread): a process in the lease's running container for a
+        renter's terminal; ``CommandFailed`` with the reason if the lease has none here."""
         ...
 
     async def housekeeping(self) -> None:
