@@ -11,6 +11,7 @@ from django.urls import URLPattern, path, re_path
 
 from hub.agents.consumer import AgentConsumer
 from hub.web.consumers import LiveConsumer
+from hub.web.terminal import BrowserTerminal
 
 
 class UnknownPath(AsyncWebsocketConsumer):
@@ -33,6 +34,15 @@ websocket_urlpatterns: list[URLPattern] = [
         "ws/live/",
         OriginValidator(
             AuthMiddlewareStack(LiveConsumer.as_asgi()),
+            settings.LIVE_SOCKET_ORIGINS,
+        ),
+    ),
+    # A renter's terminal in their running lease (hub/leases/terminal_socket.py): the same
+    # Origin and session rules as the live socket.
+    path(
+        "ws/leases/<uuid:lease_id>/terminal/",
+        OriginValidator(
+            AuthMiddlewareStack(BrowserTerminal.as_asgi()),
             settings.LIVE_SOCKET_ORIGINS,
         ),
     ),

@@ -17,8 +17,10 @@ from django.db import close_old_connections
 from redis.exceptions import RedisError
 
 from hub.agents import heartbeats, registration
+from hub.agents.exec_relay import Delivery, ExecRoutes
 from hub.leases import logs as lease_logs
 from hub.leases import services as lease_services
+from hub.leases import terminals
 from hub.lib.compat_channels import dispatch_without_db_cleanup
 from hub.suppliers.services import authenticate_agent_token
 from hub.tunnels import services as tunnel_services
@@ -29,6 +31,8 @@ from supplier_agent.protocol import (
     Ack,
     ContainerExited,
     Error,
+    ExecExit,
+    ExecOutput,
     Heartbeat,
     LogChunk,
     Message,
@@ -123,6 +127,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self._log_frames_in_window = 0
         self._log_lookups_in_window = 0
         self._log_leases: dict[str, bool] = {}  # lease id -> on this socket's host
+        self._exec = ExecRoutes()  # renters' terminals opened through this socket
         # No per-token group: revocation reaches registered sockets through their hosts'
         # channels, and `register` re-checks the token. A group_add (and group_discard) per
         # connection cost a pooled Redis connection per concurrent handshake in a storm.
@@ -146,6 +151,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
         deadline = getattr(self, "_register_deadline", None)
         if deadline is not None:
             deadline.cancel()
+        exec_routes = getattr(self, "_exec", None)
+        if exec_routes is not None and len(exec_routes):
+            for session_id, delivery in exec_routes.drop_all(
+                "the host's agent disconnected from the hub; the session ended"
+            ):
+                await self._deliver(delivery)
+                await _db(terminals.note_closed)(session_id, reason="the host disconnected")
         if self.host_id is not None:
             await _db(registration.detach_channel)(self.host_id, self.channel_name)
 
@@ -175,6 +187,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if isinstance(message, LogChunk) and self.host_id is not None:
             # Output comes in bursts: it has a byte budget, not a share of the frame limit.
             await self._log_chunk(message)
+            return
+        if isinstance(message, (ExecOutput, ExecExit)) and self.host_id is not None:
+            # Terminals too (a budget of their own in exec_relay.py): typing is many frames.
+            await self._exec_frame(message)
             return
         if self._flooding():
             log.warning("agent on host %s sends too many frames; closing", self.host_id)
@@ -303,6 +319,22 @@ class AgentConsumer(AsyncWebsocketConsumer):
             self._closing = True
             log.info("agent on host %s: socket closed before a send (%s)", self.host_id, exc)
 
+    async def _exec_frame(self, message: ExecOutput | ExecExit) -> None:
+        delivery = self._exec.from_agent(message)
+        if delivery is None:
+            return
+        await self._deliver(delivery)
+        if isinstance(message, ExecExit):
+            await _db(terminals.note_closed)(
+                message.session_id, exit_code=message.exit_code, reason=message.error or ""
+            )
+
+    async def _deliver(self, delivery: Delivery) -> None:
+        try:
+            await self.channel_layer.send(delivery.channel, delivery.event)
+        except Exception as exc:  # the renter's socket is gone (ChannelFull), or Redis is
+            log.info("terminal output for %s not delivered: %r", delivery.channel, exc)
+
     async def _close(self, code: int | None) -> None:
         if self._closing:
             return
@@ -316,6 +348,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def agent_command(self, event: dict[str, Any]) -> None:
         await self._send(event["frame"])
+
+    async def agent_exec(self, event: dict[str, Any]) -> None:
+        frame = self._exec.to_agent(event)
+        if frame is None:
+            refusal = self._exec.refused_open(event)
+            if refusal is not None:
+                await self._deliver(refusal)
+            return
+        await self._send(frame)
 
     async def agent_revoked(self, event: dict[str, Any]) -> None:
         await self._close(CLOSE_TOKEN_REVOKED)

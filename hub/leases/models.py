@@ -190,3 +190,33 @@ class Command(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.id} ({self.state})"
+
+
+class ExecSession(models.Model):
+    """A terminal or command a person ran in a lease's container (docker exec on its host):
+    who, when, how long, how it ended. Never what was typed or printed."""
+
+    class Via(models.TextChoices):
+        WEB = "web", "lease page"
+        API = "api", "API"
+        CLI = "cli", "admin CLI"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="exec_sessions")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="exec_sessions"
+    )
+    via = models.CharField(max_length=8, choices=Via.choices)
+    # The command of a one-shot exec; empty for an interactive shell.
+    command = models.JSONField(default=list, blank=True)
+    opened_at = models.DateTimeField(auto_now_add=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    # Why it ended when it did not exit by itself: refused, the renter left, the host went away.
+    end_reason = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["lease", "-opened_at"])]
+
+    def __str__(self) -> str:
+        return f"exec {self.id} on lease {self.lease_id} by {self.user_id}"

@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.contrib.auth.views import LogoutView
 from django.urls import path
 
+from hub.web import terminal
 from hub.web.views import accounts, api_tokens, renter, supplier, volumes
 
 app_name = "web"
@@ -17,6 +18,7 @@ urlpatterns = [
     path("leases/<uuid:lease_id>/", renter.lease_detail, name="lease"),
     path("leases/<uuid:lease_id>/panel/", renter.lease_panel, name="lease-panel"),
     path("leases/<uuid:lease_id>/stop/", renter.lease_stop, name="lease-stop"),
+    path("leases/<uuid:lease_id>/terminal/", terminal.terminal_page, name="lease-terminal"),
     path(
         "leases/<uuid:lease_id>/access-token/",
         renter.lease_access_token,
