@@ -10,6 +10,7 @@ from django.conf import settings
 from django.urls import URLPattern, path, re_path
 
 from hub.agents.consumer import AgentConsumer
+from hub.api.exec_views import ApiTerminal
 from hub.web.consumers import LiveConsumer
 from hub.web.terminal import BrowserTerminal
 
@@ -46,5 +47,7 @@ websocket_urlpatterns: list[URLPattern] = [
             settings.LIVE_SOCKET_ORIGINS,
         ),
     ),
+    # The same for API clients, with a bearer token (no cookie, so no Origin rule to need).
+    path("api/v1/leases/<uuid:lease_id>/terminal/", ApiTerminal.as_asgi()),
     re_path(r"", UnknownPath.as_asgi()),
 ]

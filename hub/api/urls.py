@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from hub.api import views
+from hub.api import exec_views, views
 
 app_name = "api"
 
@@ -15,6 +15,7 @@ v1 = [
     path("leases/<uuid:pk>/", views.LeaseDetail.as_view(), name="lease"),
     path("leases/<uuid:pk>/stop/", views.LeaseStop.as_view(), name="lease-stop"),
     path("leases/<uuid:pk>/logs/", views.LeaseLogs.as_view(), name="lease-logs"),
+    path("leases/<uuid:pk>/exec/", exec_views.lease_exec, name="lease-exec"),
     path(
         "leases/<uuid:pk>/access-token/",
         views.LeaseAccessToken.as_view(),

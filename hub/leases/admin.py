@@ -8,7 +8,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from hub.leases.models import Command, Lease, LeaseGpu
+from hub.leases.models import Command, ExecSession, Lease, LeaseGpu
 from hub.leases.services import release_lease
 
 
@@ -87,3 +87,15 @@ class CommandAdmin(ViewOnlyMixin, admin.ModelAdmin):
     list_select_related = ("lease", "host")
     search_fields = ("id", "lease__id", "host__hostname")
     date_hierarchy = "created_at"
+
+
+@admin.register(ExecSession)
+class ExecSessionAdmin(ViewOnlyMixin, admin.ModelAdmin):
+    """Who opened a terminal or ran a command in which lease, when, for how long: the audit
+    trail of every way into a renter's container (never what was typed)."""
+
+    list_display = ("id", "lease", "user", "via", "opened_at", "closed_at", "exit_code")
+    list_filter = ("via",)
+    search_fields = ("lease__id", "user__username")
+    date_hierarchy = "opened_at"
+    list_select_related = ("user",)

@@ -12,10 +12,13 @@ output.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -29,6 +32,10 @@ from supplier_agent.protocol import (
     ExecResize,
     encode,
 )
+
+# A one-shot command's output kept for its answer: the last this many characters.
+MAX_COMMAND_OUTPUT = 1024 * 1024
+MAX_COMMAND_TIMEOUT_S = 3600
 
 # Channel-layer event types (the consumers' handler names: "agent.exec" -> agent_exec).
 TO_AGENT = "agent.exec"
@@ -150,3 +157,57 @@ def clean_text(value: object, limit: int) -> str | None:
     if len(text.encode("utf-8")) > limit:
         return None
     return text
+
+
+# --- one-shot commands (the API's exec, the admin CLI) ----------------------------------------
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    exit_code: int | None
+    output: str  # stdout and stderr as they came, the tail if longer than MAX_COMMAND_OUTPUT
+    truncated: bool
+    error: str | None  # why there is no exit code (refused on the host, timed out, cut off)
+    timed_out: bool = False
+
+
+async def run_command(
+    opened: Opened, command: tuple[str, ...], *, timeout_s: float
+) -> CommandResult:
+    """Run ``command`` (no TTY) in the session's lease and wait for its end; past ``timeout_s``
+    the process is ended and the answer says so. Async: the wait holds no thread."""
+    layer = get_channel_layer()
+    reply = await layer.new_channel()
+    await layer.send(
+        opened.host_channel,
+        open_event(opened, reply, command=command, tty=False, cols=80, rows=24),
+    )
+    parts: list[str] = []
+    kept = 0
+    truncated = False
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        left = deadline - loop.time()
+        try:
+            if left <= 0:
+                raise TimeoutError
+            event = await asyncio.wait_for(layer.receive(reply), left)
+        except TimeoutError:
+            await layer.send(opened.host_channel, close_event(opened.session_id))
+            why = f"the command was still running after {timeout_s:g} s and was ended"
+            await sync_to_async(note_closed)(opened.session_id, reason=why)
+            return CommandResult(None, "".join(parts), truncated, why, timed_out=True)
+        if event.get("type") == OUTPUT:
+            parts.append(event["data"])
+            kept += len(event["data"])
+            while kept > MAX_COMMAND_OUTPUT and len(parts) > 1:
+                kept -= len(parts.pop(0))
+                truncated = True
+            if kept > MAX_COMMAND_OUTPUT:
+                parts[0] = parts[0][kept - MAX_COMMAND_OUTPUT :]
+                kept, truncated = MAX_COMMAND_OUTPUT, True
+        elif event.get("type") == EXIT:
+            return CommandResult(
+                event.get("exit_code"), "".join(parts), truncated, event.get("error")
+            )

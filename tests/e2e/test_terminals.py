@@ -11,11 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from django.test import Client
 from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as ws_connect
 
+from hub.accounts.api_tokens import create_api_token
 from hub.accounts.models import User
 from hub.leases.models import ExecSession, Lease
 from tests.support.control_plane import lease_state, start_lease
@@ -156,6 +158,51 @@ def test_the_renter_gets_a_shell_and_nobody_else_does(
             assert ExecSession.objects.filter(
                 lease_id=lease_id, end_reason="closed by the renter"
             ).exists()
+
+            # The API: one command and its answer, with a token of the renter's own.
+            _, token = create_api_token(renter, "exec", ["read", "leases"])
+            _, read_only = create_api_token(renter, "ro", ["read"])
+            _, strangers = create_api_token(other, "other", ["read", "leases"])
+            url = f"{stack.url()}/api/v1/leases/{lease_id}/exec/"
+
+            def post(bearer: str, body: object) -> httpx.Response:
+                return httpx.post(
+                    url, json=body, headers={"Authorization": f"Bearer {bearer}"}, timeout=60
+                )
+
+            answer = post(token, {"command": ["sh", "-c", "echo out; echo err >&2; exit 3"]})
+            assert answer.status_code == 200, answer.text
+            body = answer.json()
+            assert body["exit_code"] == 3
+            assert "out" in body["output"]
+            assert "err" in body["output"]
+            assert body["error"] is None
+            assert post(read_only, {"command": ["true"]}).status_code == 401
+            assert post(strangers, {"command": ["true"]}).status_code == 404
+            assert post(token, {"command": "true"}).status_code == 400
+            slow = post(token, {"command": ["sleep", "30"], "timeout_s": 1})
+            assert slow.status_code == 504, slow.text
+            assert "still running after 1 s" in slow.json()["error"]
+
+            # The API's interactive terminal: the same frames, with the token.
+            with ws_connect(
+                f"ws://127.0.0.1:{stack.web_ports[0]}/api/v1/leases/{lease_id}/terminal/",
+                additional_headers={"Authorization": f"Bearer {token}"},
+                open_timeout=30,
+            ) as socket:
+                screen = Screen(socket)
+                screen.type("echo api-$((6*7)); exit\r")
+                screen.until("the API terminal", lambda s: s.exit is not None)
+            assert "api-42" in screen.text
+            assert ExecSession.objects.filter(lease_id=lease_id, via="api").count() == 3
+
+            # Admins from the CLI, recorded under their own name.
+            admin = User.objects.create_user(f"admin-{uuid.uuid4().hex[:6]}", is_staff=True)
+            printed = stack.manage(
+                "hub", "lease", "exec", lease_id, "--as", admin.username, "--", "echo", "cli-ok"
+            )
+            assert printed == "cli-ok"
+            assert ExecSession.objects.filter(lease_id=lease_id, user=admin, via="cli").exists()
         finally:
             stack.manage("hub", "lease", "release", lease_id)
             wait_for(lambda: lease_state(lease_id, "ended"), timeout_s=60, what="ended")

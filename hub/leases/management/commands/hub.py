@@ -10,6 +10,10 @@ hub lease start --renter USER --host HOST --gpus 0[,1] --image IMAGE [--port N .
 hub lease release LEASE_ID [--reason REASON]
 hub lease show LEASE_ID                         state, ports and tunnel URLs
 hub lease access-token LEASE_ID                 the token a --protect lease's URLs need
+hub lease exec LEASE_ID --as ADMIN [--timeout S] -- COMMAND ...
+                                                run a command in a running lease's container,
+                                                recorded under the admin's name; prints its
+                                                output, exits with its exit code
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ import argparse
 import time
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Q
 
 from hub.accounts.models import User
 from hub.billing.money import micros_from_units
+from hub.leases import terminals
 from hub.leases.models import Lease
 from hub.leases.services import LeaseError, LeaseSpec, release_lease, start_lease
 from hub.suppliers.models import AgentToken, Host
@@ -97,6 +103,13 @@ class Command(BaseCommand):
         show.add_argument("lease")
         access_token = lease.add_parser("access-token", help="print a protected lease's token")
         access_token.add_argument("lease")
+        run = lease.add_parser(
+            "exec", help="run a command in a running lease's container (recorded as yours)"
+        )
+        run.add_argument("lease")
+        run.add_argument("--as", dest="admin", required=True, help="your staff username")
+        run.add_argument("--timeout", type=int, default=60, help="seconds (default 60)")
+        run.add_argument("command", nargs="+", help="the program and its arguments (after --)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         noun, verb = options["noun"], options.get("verb")
@@ -134,11 +147,33 @@ class Command(BaseCommand):
             if not lease.access_protected:
                 raise CommandError("this lease's URLs are not protected; it needs no token")
             self.stdout.write(tunnel_access.issue(lease.pk))
+        elif verb == "exec":
+            self._exec(options)
         elif verb == "release":
             lease = release_lease(options["lease"], options["reason"])
             self.stdout.write(f"lease {lease.pk}: {lease.state}")
         else:
             self._show(Lease.objects.get(pk=options["lease"]))
+
+    def _exec(self, options: dict[str, Any]) -> None:
+        admin = _user(options["admin"])
+        if not admin.is_staff:
+            raise CommandError(f"{admin.username} is not staff: only admins exec from the CLI")
+        if not 1 <= options["timeout"] <= terminals.MAX_COMMAND_TIMEOUT_S:
+            raise CommandError(f"--timeout: 1 to {terminals.MAX_COMMAND_TIMEOUT_S} seconds")
+        command = tuple(options["command"])
+        try:
+            opened = terminals.open_as_admin(admin.pk, options["lease"], command)
+        except terminals.TerminalRefused as exc:
+            raise CommandError(str(exc)) from None
+        result = async_to_sync(terminals.run_command)(opened, command, timeout_s=options["timeout"])
+        self.stdout.write(result.output, ending="")
+        if result.error:
+            raise CommandError(result.error)
+        if result.exit_code:
+            raise CommandError(
+                f"exit code {result.exit_code}", returncode=min(result.exit_code, 255)
+            )
 
     def _start(self, options: dict[str, Any]) -> None:
         try:
