@@ -1,0 +1,156 @@
+"""Keystroke to echo in a renter's terminal (issue 17).
+
+    python -m bench.terminal --keys 300
+
+A real hub (Daphne, worker, beat), a real agent with the Docker runtime (fake NVML, no device)
+and a busybox lease. The bench opens the API's terminal socket (the lease page's protocol with a
+bearer token), types one character at a time at the shell's prompt and times each until its
+echo comes back: client -> Daphne -> channel layer -> the agent's socket -> agent -> `docker
+exec` pty -> and all the way back.
+
+Baselines, same run: *B_ws_ping*, a WebSocket ping/pong between this client and Daphne (one
+hop of the path, as the agent's own socket is another); *B_exec*, the same keystroke echo
+through `docker exec` straight from this process (the container's floor, no hub). The goal
+(issue 17): echo p50 within 2x the WebSocket round trip to the agent, here taken as
+2 x (client<->hub + hub<->agent) = 4 x B_ws_ping, with B_exec added since the pty's own echo is
+on the path whatever the hub does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from websockets.sync.client import connect
+
+from bench import common
+from bench.dispatch import _people, _start_agent, _wait_online, _wait_state, agent_env
+
+WARMUP_KEYS = 20
+
+
+def _echo_times(send: Any, read_until: Any, keys: int) -> list[float]:
+    """Type 'x' and erase it (a backspace echoes as "\\b \\b"), timing each echo."""
+    samples = []
+    for n in range(keys + WARMUP_KEYS):
+        started = time.perf_counter()
+        send("x")
+        read_until("x")
+        took = time.perf_counter() - started
+        send("\x7f")
+        read_until("\b")
+        if n >= WARMUP_KEYS:
+            samples.append(took)
+    return samples
+
+
+def direct_exec(container_id: str, keys: int) -> list[float]:
+    import docker
+
+    from supplier_agent.docker_exec import open_exec
+
+    client = docker.from_env()
+    process = open_exec(client.api, container_id, None, tty=True, cols=80, rows=24)
+    buffer = b""
+
+    def read_until(text: str) -> None:
+        nonlocal buffer
+        while text.encode() not in buffer:
+            buffer += process.read(4096)
+        buffer = buffer[buffer.index(text.encode()) + 1 :]
+
+    time.sleep(0.5)  # let the prompt print before the first key (a bench, not a test)
+    process.read(4096)
+    try:
+        return _echo_times(lambda k: process.write(k.encode()), read_until, keys)
+    finally:
+        process.close()
+        client.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--keys", type=int, default=300)
+    args = parser.parse_args()
+
+    from tests.support.fake_gpus import FakeGpuTable, fake_nvml_env
+
+    env = common.bench_env()
+    common.prepare(env)
+    result: dict[str, Any] = {"figure": "terminal keystroke to echo", "machine": common.machine()}
+    image = common.build_busybox_image()
+    common.setup_django(env)
+    from hub.accounts.api_tokens import create_api_token
+    from hub.leases.models import Lease
+    from hub.leases.services import LeaseSpec, release_lease, start_lease
+
+    spec = LeaseSpec(image=image, ports=[], command=["sleep", "3600"])
+    with (
+        common.Hub(env).start() as hub,
+        tempfile.TemporaryDirectory(prefix="cloudgpu-bench-terminal-") as folder,
+    ):
+        supplier, renter, token = _people(env, "terminal")
+        table = FakeGpuTable.create(Path(folder) / "gpus.json", gpu_count=1)
+        (Path(folder) / "locks").mkdir()
+        process = _start_agent(
+            hub,
+            token,
+            Path(folder) / "agent",
+            ["--gpu-devices", "none", "--lock-dir", str(Path(folder) / "locks")],
+            agent_env(**fake_nvml_env(table.path)),
+        )
+        try:
+            host = _wait_online(supplier)
+            lease = start_lease(renter, host, [0], spec)
+            lease = _wait_state(lease.pk, ("running", "failed"))
+            if lease.state != Lease.State.RUNNING:
+                raise RuntimeError(f"lease {lease.state}: {lease.failure_reason}")
+            _, api_token = create_api_token(renter, "bench", ["read", "leases"])
+            url = hub.ws_url.replace("/api/p2p/ws/", f"/api/v1/leases/{lease.pk}/terminal/")
+            with connect(url, additional_headers={"Authorization": f"Bearer {api_token}"}) as ws:
+                pings = []
+                for _ in range(200):
+                    started = time.perf_counter()
+                    ws.ping().wait(10)
+                    pings.append(time.perf_counter() - started)
+                buffer = ""
+
+                def read_until(text: str) -> None:
+                    nonlocal buffer
+                    while text not in buffer:
+                        message = json.loads(ws.recv(timeout=10))
+                        if message["type"] != "output":
+                            raise RuntimeError(f"the session ended: {message}")
+                        buffer += message["data"]
+                    buffer = buffer[buffer.index(text) + 1 :]
+
+                def send(key: str) -> None:
+                    ws.send(json.dumps({"type": "input", "data": key}))
+
+                read_until("#")  # the prompt
+                echoes = _echo_times(send, read_until, args.keys)
+            direct = direct_exec(lease.container_id, args.keys)
+            release_lease(lease.pk)
+            _wait_state(lease.pk, ("ended",))
+        finally:
+            common.stop_tree(process)
+    b_ping = common.median(pings)
+    b_exec = common.median(direct)
+    result.update(
+        keys=args.keys,
+        baselines={
+            "B_ws_ping_ms": common.summary([x * 1000 for x in pings]),
+            "B_exec_ms": common.summary([x * 1000 for x in direct]),
+        },
+        echo_ms=common.summary([x * 1000 for x in echoes]),
+        goal_p50_ms=round((4 * b_ping + b_exec) * 1000, 2),
+    )
+    common.write_result("terminal", result)
+
+
+if __name__ == "__main__":
+    main()
