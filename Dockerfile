@@ -32,8 +32,10 @@ USER root
 RUN apt-get update && \
     apt-get install -y --no-install-recommends openssh-server nginx-light && \
     rm -rf /var/lib/apt/lists/* && \
-    useradd --system --no-create-home --shell /usr/sbin/nologin cloudgpu-tunnel && \
-    usermod -p '*' cloudgpu-tunnel
+    for user in cloudgpu-tunnel cloudgpu-ssh; do \
+      useradd --system --no-create-home --shell /usr/sbin/nologin "$user" && \
+      usermod -p '*' "$user" || exit 1; \
+    done
 EXPOSE 2222 8080
 CMD ["python", "-m", "hub.tunnels.gateway", "run", "--hub-url", "http://web:8000", \
      "--folder", "/var/lib/cloudgpu-gateway"]

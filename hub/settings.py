@@ -449,6 +449,17 @@ TUNNEL_URL_SCHEME = env_str("TUNNEL_URL_SCHEME", "https")
 TUNNEL_GATEWAY_SSH_HOST = env_str("TUNNEL_GATEWAY_SSH_HOST")
 TUNNEL_GATEWAY_SSH_PORT = env_int("TUNNEL_GATEWAY_SSH_PORT", 2222)
 TUNNEL_GATEWAY_USER = env_str("TUNNEL_GATEWAY_USER", "cloudgpu-tunnel")
+# Renters' own SSH logins to the gateway (ssh -J / -L to their running rentals' ports), as a
+# login user of their own; empty turns renter SSH off. What the lease page tells renters to
+# connect to defaults to where agents connect.
+TUNNEL_GATEWAY_RENTER_USER = env_str("TUNNEL_GATEWAY_RENTER_USER", "cloudgpu-ssh")
+if TUNNEL_GATEWAY_RENTER_USER and TUNNEL_GATEWAY_RENTER_USER == TUNNEL_GATEWAY_USER:
+    raise ImproperlyConfigured(
+        "TUNNEL_GATEWAY_RENTER_USER must differ from TUNNEL_GATEWAY_USER: renters and agents "
+        "get different rights on the gateway"
+    )
+TUNNEL_GATEWAY_PUBLIC_SSH_HOST = env_str("TUNNEL_GATEWAY_PUBLIC_SSH_HOST", TUNNEL_GATEWAY_SSH_HOST)
+TUNNEL_GATEWAY_PUBLIC_SSH_PORT = env_int("TUNNEL_GATEWAY_PUBLIC_SSH_PORT", TUNNEL_GATEWAY_SSH_PORT)
 # The gateway sshd's public host key(s), one per line: agents trust only these.
 TUNNEL_GATEWAY_HOST_KEYS_FILE = env_str("TUNNEL_GATEWAY_HOST_KEYS_FILE")
 # Shared by the gateway (its sshd key lookups and its edge proxy) and the hub's /internal/tunnels/.

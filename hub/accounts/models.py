@@ -75,3 +75,31 @@ class ApiToken(models.Model):
 
     def has_scope(self, scope: str) -> bool:
         return scope in self.scopes
+
+
+class SshKey(models.Model):
+    """A public key the person logs in with: through the tunnel gateway to their own running
+    rentals' ports (hub/tunnels/renter_ssh.py), and into templates that take the account's keys
+    (hub/catalog/services.py). The public half only; the hub never sees a private key."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ssh_keys"
+    )
+    key_type = models.CharField(max_length=32)
+    blob = models.TextField()  # base64, as pasted
+    comment = models.CharField(max_length=100, blank=True)
+    # OpenSSH's "SHA256:<base64>": unique across accounts, because the gateway's sshd looks a
+    # key up by it alone and one key must open one account's rentals, never two.
+    fingerprint = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.key_type} {self.fingerprint} ({self.comment or 'no comment'})"
+
+    @property
+    def line(self) -> str:
+        return f"{self.key_type} {self.blob} {self.comment}".rstrip()

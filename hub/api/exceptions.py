@@ -12,6 +12,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
+from hub.accounts.ssh_keys import SshKeyError
 from hub.billing.money import format_micros
 from hub.leases.services import LeaseError, PriceChanged
 from hub.volumes.services import VolumeError
@@ -48,7 +49,7 @@ def handle(exc: Exception, context: dict[str, Any]) -> Response | None:
             },
             status=status.HTTP_409_CONFLICT,
         )
-    if isinstance(exc, LeaseError | VolumeError):
+    if isinstance(exc, LeaseError | VolumeError | SshKeyError):
         # The lease services' refusals are written for the renter already.
         return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
     response = exception_handler(exc, context)

@@ -14,6 +14,7 @@ from hub.billing.models import LedgerEntry
 from hub.billing.money import format_micros
 from hub.catalog.offers import SORTS
 from hub.leases.models import Lease
+from hub.tunnels import renter_ssh
 from hub.tunnels import services as tunnels
 from hub.tunnels.models import Tunnel
 from hub.volumes.models import Volume
@@ -272,6 +273,28 @@ class LeaseUrlSerializer(serializers.Serializer):
         return tunnels.public_url(tunnel) if settings.TUNNEL_DOMAIN else None
 
 
+class SshForwardSerializer(serializers.Serializer):
+    port = serializers.IntegerField(help_text="The container's declared port.")
+    listen_port = serializers.IntegerField(help_text="The gateway loopback port it is at.")
+    local_port = serializers.IntegerField(help_text="A suggested port on your machine.")
+    command = serializers.CharField(help_text="`ssh -N -L` through the gateway.")
+
+
+class SshAccessSerializer(serializers.Serializer):
+    gateway_host = serializers.CharField()
+    gateway_port = serializers.IntegerField()
+    user = serializers.CharField(help_text="The gateway's login for renters' keys.")
+    host_alias = serializers.CharField()
+    known_hosts = serializers.ListField(
+        child=serializers.CharField(), help_text="The gateway's host key(s) as known_hosts lines."
+    )
+    forwards = SshForwardSerializer(many=True, help_text="One per declared port.")
+    config = serializers.CharField(
+        help_text="A ~/.ssh/config Host block for port 22 (ProxyJump through the gateway);"
+        " empty when port 22 is not declared."
+    )
+
+
 class LeaseSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     state = serializers.ChoiceField(choices=Lease.State.choices)
@@ -288,6 +311,10 @@ class LeaseSerializer(serializers.Serializer):
     access_protected = serializers.BooleanField()
     volumes = serializers.SerializerMethodField()
     urls = LeaseUrlSerializer(source="tunnels.all", many=True, help_text="One per declared port.")
+    ssh = serializers.SerializerMethodField(
+        help_text="SSH through the tunnel gateway with your account's keys: null unless the"
+        " lease runs, has ports and the hub has a gateway."
+    )
     warnings = serializers.ListField(child=serializers.CharField())
     price_per_hour_micros = serializers.IntegerField()
     price_per_hour = FormattedMoneyField(source="price_per_hour_micros", cents=True)
@@ -296,6 +323,11 @@ class LeaseSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
     running_since = serializers.DateTimeField(allow_null=True)
     ended_at = serializers.DateTimeField(allow_null=True)
+
+    @extend_schema_field(SshAccessSerializer(allow_null=True))
+    def get_ssh(self, lease: Lease) -> dict[str, Any] | None:
+        access = renter_ssh.lease_access(lease)
+        return None if access is None else SshAccessSerializer(access).data
 
     @extend_schema_field(
         serializers.ListField(child=serializers.DictField(child=serializers.CharField()))
@@ -350,3 +382,27 @@ class AccountSerializer(serializers.Serializer):
     balance_micros = serializers.IntegerField()
     balance = FormattedMoneyField(source="balance_micros")
     ledger = LedgerRowSerializer(many=True, help_text="The most recent rows, newest first.")
+
+
+# --- SSH keys -----------------------------------------------------------------------------------
+
+
+class SshKeySerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    key_type = serializers.CharField()
+    fingerprint = serializers.CharField(help_text="OpenSSH's SHA256 fingerprint.")
+    comment = serializers.CharField()
+    public_key = serializers.CharField(source="line", help_text="The whole public key line.")
+    created_at = serializers.DateTimeField()
+    last_used_at = serializers.DateTimeField(
+        allow_null=True, help_text="The last gateway login with it (to the minute)."
+    )
+
+
+class SshKeyCreateSerializer(serializers.Serializer):
+    public_key = serializers.CharField(
+        max_length=8192,
+        trim_whitespace=True,
+        help_text="One OpenSSH public key line: ssh-ed25519, ecdsa-sha2-nistp256/384/521, or"
+        " ssh-rsa of 2048 bits or more; the comment is kept.",
+    )

@@ -26,6 +26,8 @@ v1 = [
     path("account/", views.Account.as_view(), name="account"),
     path("tokens/", views.ApiTokenList.as_view(), name="tokens"),
     path("tokens/<int:pk>/", views.ApiTokenDetail.as_view(), name="token"),
+    path("ssh-keys/", views.SshKeyList.as_view(), name="ssh-keys"),
+    path("ssh-keys/<int:pk>/", views.SshKeyDetail.as_view(), name="ssh-key"),
 ]
 
 urlpatterns = [

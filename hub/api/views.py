@@ -19,15 +19,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from hub.accounts import api_tokens
-from hub.accounts.models import ApiScope, ApiToken
+from hub.accounts import api_tokens, ssh_keys
+from hub.accounts.models import ApiScope, ApiToken, SshKey
 from hub.api import serializers as s
 from hub.billing import services as billing
 from hub.billing.models import LedgerEntry
 from hub.billing.money import micros_from_units
 from hub.catalog import offers
 from hub.catalog.models import Template
-from hub.catalog.services import lease_spec
+from hub.catalog.services import lease_spec, with_account_keys
 from hub.leases import logs as lease_logs
 from hub.leases import services as leases
 from hub.leases.models import Lease
@@ -103,6 +103,52 @@ class ApiTokenDetail(APIView):
     def delete(self, request: Request, pk: int) -> Response:
         token = get_object_or_404(ApiToken, pk=pk, user=request.user)
         api_tokens.revoke_api_token(request.user, token.pk)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# --- SSH keys -----------------------------------------------------------------------------------
+
+
+class SshKeyList(APIView):
+    # Adding a key opens the renter's running leases' ports through the gateway: `leases`, like
+    # their access tokens. Reading them is `read`.
+    required_scopes = {"GET": ApiScope.READ, "POST": ApiScope.LEASES}
+
+    @extend_schema(
+        summary="Your SSH public keys, newest first",
+        responses={200: s.SshKeySerializer(many=True), **AUTH_ONLY},
+    )
+    def get(self, request: Request) -> Response:
+        keys = SshKey.objects.filter(user=request.user)
+        return Response(s.SshKeySerializer(keys, many=True).data)
+
+    @extend_schema(
+        summary="Add an SSH public key",
+        description=(
+            "The key opens your running leases' declared ports through the tunnel gateway"
+            " (`ssh -J` / `ssh -L`; each lease's `ssh` says how), and goes into templates that"
+            f" take your keys. At most {ssh_keys.MAX_PER_ACCOUNT} keys; a key already on an"
+            " account is refused."
+        ),
+        request=s.SshKeyCreateSerializer,
+        responses={201: s.SshKeySerializer, **ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        data = _valid(s.SshKeyCreateSerializer, request.data)
+        key = ssh_keys.add_ssh_key(request.user, data["public_key"])
+        return Response(s.SshKeySerializer(key).data, status=status.HTTP_201_CREATED)
+
+
+class SshKeyDetail(APIView):
+    required_scopes = {"DELETE": ApiScope.LEASES}
+
+    @extend_schema(
+        summary="Delete an SSH key (the gateway refuses it from the next login)",
+        responses={204: None, **AUTH_ONLY, **NOT_FOUND},
+    )
+    def delete(self, request: Request, pk: int) -> Response:
+        key = get_object_or_404(SshKey, pk=pk, user=request.user)
+        ssh_keys.delete_ssh_key(request.user, key.pk)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -224,6 +270,7 @@ class LeaseList(generics.GenericAPIView):
             command=data.get("command"),
             access_protected=data["access_protected"],
         )
+        spec = with_account_keys(spec, template, request.user)
         if data.get("volumes"):
             mounts = volumes.mounts_for_lease(
                 request.user, host, [(m["volume_id"], m["path"]) for m in data["volumes"]]

@@ -19,6 +19,9 @@ class Template(models.Model):
     # weights, pip caches): re-renting the same template there starts warm.
     cache_volume_path = models.CharField(max_length=1024, blank=True)
     min_vram_bytes = models.BigIntegerField(default=0)
+    # An env variable the template's command writes to /root/.ssh/authorized_keys (e.g.
+    # PUBLIC_KEY): at rent time it gets the renter's account SSH keys, one per line.
+    authorized_keys_env = models.CharField(max_length=128, blank=True)
     listed = models.BooleanField(default=True)
     # Lower first in the catalogue.
     position = models.PositiveIntegerField(default=100)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from hub.accounts.models import User
+from hub.accounts.ssh_keys import authorized_keys_lines
 from hub.catalog.models import Template
 from hub.leases.services import LeaseError, LeaseSpec
 from supplier_agent.protocol import (
     MAX_PORTS,
+    MAX_STR,
     ProtocolError,
     validate_env,
     validate_image,
@@ -56,3 +60,19 @@ def lease_spec(
         cache_volume=cache_volume,
         access_protected=access_protected,
     )
+
+
+def with_account_keys(spec: LeaseSpec, template: Template | None, renter: User) -> LeaseSpec:
+    """A template that takes the account's SSH keys (``authorized_keys_env``) gets them in that
+    variable, one per line, after any value the renter gave it themselves. An env value holds
+    at most MAX_STR (4096) characters: the newest keys that fit go in (ten ed25519 keys take
+    under 1,000; five RSA-4096 keys fit)."""
+    name = template.authorized_keys_env if template is not None else ""
+    if not name:
+        return spec
+    own = spec.env.get(name, "").strip()
+    lines = [own] if own else []
+    for line in authorized_keys_lines(renter):
+        if line not in lines and len("\n".join([*lines, line])) <= MAX_STR:
+            lines.append(line)
+    return dataclasses.replace(spec, env={**spec.env, name: "\n".join(lines)})

@@ -6,7 +6,8 @@ both configured to ask the hub, supervised in the foreground.
                                                            # TUNNEL_GATEWAY_HOST_KEYS_FILE
 
 The secret shared with the hub comes from TUNNEL_GATEWAY_SECRET or TUNNEL_GATEWAY_SECRET_FILE.
-Runs as root (sshd needs it); the login user (default cloudgpu-tunnel) must exist.
+Runs as root (sshd needs it); the login users (agents' cloudgpu-tunnel, renters' cloudgpu-ssh)
+must exist.
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ def check(options: GatewayOptions) -> None:
         raise GatewayError("sshd is not installed: apt install openssh-server")
     if shutil.which("nginx") is None:
         raise GatewayError("nginx is not installed: apt install nginx-light")
-    for name in (options.user, options.keys_command_user):
+    for name in (options.user, options.renter_user, options.keys_command_user):
+        if not name:
+            continue  # no renter user: renter SSH is off
         try:
             pwd.getpwnam(name)
         except KeyError:
@@ -66,11 +69,12 @@ def check(options: GatewayOptions) -> None:
                 f"user {name!r} does not exist: "
                 f"useradd --system --no-create-home --shell /usr/sbin/nologin {name}"
             ) from None
-    if _locked(options.user):
-        raise GatewayError(
-            f"user {options.user!r} is locked ('!' in /etc/shadow) and sshd refuses locked "
-            f"accounts even for keys; unlock it without a password: usermod -p '*' {options.user}"
-        )
+    for name in (options.user, options.renter_user):
+        if name and _locked(name):
+            raise GatewayError(
+                f"user {name!r} is locked ('!' in /etc/shadow) and sshd refuses locked "
+                f"accounts even for keys; unlock it without a password: usermod -p '*' {name}"
+            )
     if not Path(options.python).exists():
         raise GatewayError(f"{options.python} is missing: the key command runs on it")
 
@@ -218,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--ssh-listen", default="0.0.0.0:2222")
     run_parser.add_argument("--http-listen", default="0.0.0.0:8080")
     run_parser.add_argument("--user", default="cloudgpu-tunnel")
+    run_parser.add_argument(
+        "--renter-user",
+        default="cloudgpu-ssh",
+        help="renters' login (ssh -J/-L to their own rentals' ports); '' turns it off; it must"
+        " match the hub's TUNNEL_GATEWAY_RENTER_USER",
+    )
     run_parser.add_argument("--keys-command-user", default="nobody")
     run_parser.add_argument(
         "--timeout",
@@ -267,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         http_host=http_host.strip("[]") or "0.0.0.0",  # noqa: S104
         http_port=int(http_port),
         user=args.user,
+        renter_user=args.renter_user,
         keys_command_user=args.keys_command_user,
         timeout_s=args.timeout,
         tls_cert=args.tls_cert,

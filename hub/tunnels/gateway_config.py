@@ -27,6 +27,8 @@ class GatewayOptions:
     http_host: str = "0.0.0.0"  # noqa: S104
     http_port: int = 8080
     user: str = "cloudgpu-tunnel"
+    # Renters' login (ssh -J / -L to their own rentals' ports); empty: no renter logins.
+    renter_user: str = "cloudgpu-ssh"
     keys_command_user: str = "nobody"
     timeout_s: int = DEFAULT_TIMEOUT_S
     tls_cert: Path | None = None
@@ -43,7 +45,32 @@ class GatewayOptions:
         return self.folder / "authorized-keys"
 
 
+def _renter_block(user: str) -> str:
+    """The renters' login: local forwards (-L, -W, ProxyJump) to gateway loopback ports only,
+    and of those only the ones the hub's answer names (its permitopen); everything else off,
+    here as well as in that answer, so neither alone can open a shell or a -R listener."""
+    return f"""
+# Renters: direct-tcpip only, to 127.0.0.1 ports that the hub's answer permits (permitopen);
+# no -R (AllowTcpForwarding local, PermitListen none), no sessions (MaxSessions 0, and a
+# ForceCommand that refuses), no TTY, no agent/X11/socket forwarding, no tun devices.
+Match User {user}
+    AllowTcpForwarding local
+    PermitOpen 127.0.0.1:*
+    PermitListen none
+    GatewayPorts no
+    AllowStreamLocalForwarding no
+    AllowAgentForwarding no
+    X11Forwarding no
+    PermitTunnel no
+    PermitTTY no
+    MaxSessions 0
+    ForceCommand /usr/sbin/nologin
+"""
+
+
 def render_sshd_config(options: GatewayOptions) -> str:
+    users = " ".join(u for u in (options.user, options.renter_user) if u)
+    renter_block = _renter_block(options.renter_user) if options.renter_user else ""
     return f"""# Written by `python -m hub.tunnels.gateway`; edits are overwritten on start.
 # sshd runs as `sshd -i` per connection (hub/tunnels/ssh_listener.py accepts on
 # {options.ssh_host}:{options.ssh_port}), so Port, ListenAddress and MaxStartups do not apply.
@@ -53,9 +80,10 @@ UsePAM no
 UseDNS no
 PrintMotd no
 PermitRootLogin no
-AllowUsers {options.user}
+AllowUsers {users}
 # Keys are the hub's answer per login: a lease's key gets restrict,port-forwarding and
-# permitlisten for its own ports only; an unknown or finished lease's key gets nothing.
+# permitlisten for its own ports only; a renter's key permitopen for their running leases'
+# ports only (hub/tunnels/renter_ssh.py); an unknown or finished lease's key gets nothing.
 AuthorizedKeysFile none
 AuthorizedKeysCommand {options.keys_command} %u %t %k
 AuthorizedKeysCommandUser {options.keys_command_user}
@@ -64,7 +92,8 @@ PubkeyAuthentication yes
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 HostbasedAuthentication no
-# Remote forwards (-R) only, bound to loopback: no -L, no sockets, no tunnels, no sessions.
+# Agents: remote forwards (-R) only, bound to loopback: no -L, no sockets, no tunnels, no
+# sessions. (Renters' rules are the Match block at the end.)
 AllowTcpForwarding remote
 PermitOpen none
 GatewayPorts no
@@ -81,7 +110,7 @@ ForceCommand /usr/sbin/nologin
 ClientAliveInterval 15
 ClientAliveCountMax 3
 LoginGraceTime 20
-"""
+{renter_block}"""
 
 
 def _listen(host: str, port: int) -> str:

@@ -4,9 +4,7 @@ gateway's sshd (which key may listen where) and edge proxy (which port a host na
 
 from __future__ import annotations
 
-import base64
 import binascii
-import hashlib
 import logging
 import random
 import secrets
@@ -22,6 +20,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from hub.leases.models import Lease
+from hub.lib.ssh_keys import fingerprint
 from hub.tunnels import access
 from hub.tunnels.models import Tunnel, TunnelKey
 from supplier_agent.protocol import ProtocolError, TunnelState, validate_public_key
@@ -136,13 +135,6 @@ def docker_run_spec(lease: Lease) -> dict[str, Any] | None:
 
 
 # --- the agent's side -----------------------------------------------------------------------
-
-
-def fingerprint(key_blob_b64: str) -> str:
-    """OpenSSH's SHA256 fingerprint of a base64 key blob, as sshd's %f prints it."""
-    blob = base64.b64decode(key_blob_b64, validate=True)
-    digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
-    return f"SHA256:{digest}"
 
 
 def register_key(lease: Lease, public_key: Any) -> str | None:

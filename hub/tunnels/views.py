@@ -13,7 +13,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods
 
-from hub.tunnels import access, services
+from hub.tunnels import access, renter_ssh, services
 from hub.tunnels.services import Route
 
 SECRET_HEADER = "X-CloudGPU-Gateway-Secret"  # noqa: S105 - a header name
@@ -38,9 +38,13 @@ def _route(request: HttpRequest) -> Route:
 @require_GET
 def authorized_keys(request: HttpRequest) -> HttpResponse:
     _from_gateway(request)
-    text = services.authorized_keys(
-        request.GET.get("user", ""), request.GET.get("type", ""), request.GET.get("key", "")
-    )
+    user, key_type, key = (request.GET.get(name, "") for name in ("user", "type", "key"))
+    # Two login users, two rules: the agents' per-lease keys may listen (-R), renters' account
+    # keys may connect (-L/-W), each only to their own leases' ports.
+    if user and user == settings.TUNNEL_GATEWAY_RENTER_USER:
+        text = renter_ssh.authorized_keys(key_type, key)
+    else:
+        text = services.authorized_keys(user, key_type, key)
     return HttpResponse(text, content_type="text/plain; charset=utf-8")
 
 

@@ -304,3 +304,14 @@ class VolumeForm(forms.Form):
         self.fields["host"].queryset = hosts  # type: ignore[attr-defined]
         self.fields["size_gib"].max_value = settings.VOLUME_MAX_GIB
         self.fields["size_gib"].validators.append(MaxValueValidator(settings.VOLUME_MAX_GIB))
+
+
+class SshKeyForm(forms.Form):
+    # Checked by hub.accounts.ssh_keys.add_ssh_key (type, size, duplicates, the cap).
+    key = forms.CharField(
+        max_length=8192,
+        label="Public key",
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "ssh-ed25519 AAAA... you@laptop"}),
+        help_text="The line in ~/.ssh/id_ed25519.pub (or id_ecdsa.pub, or an id_rsa.pub of"
+        " 2048 bits or more).",
+    )

@@ -4,7 +4,7 @@ from django.contrib.auth.views import LogoutView
 from django.urls import path
 
 from hub.web import terminal
-from hub.web.views import accounts, api_tokens, renter, supplier, volumes
+from hub.web.views import accounts, api_tokens, renter, ssh_keys, supplier, volumes
 
 app_name = "web"
 
@@ -34,6 +34,8 @@ urlpatterns = [
         api_tokens.api_token_revoke,
         name="api-token-revoke",
     ),
+    path("account/ssh-keys/", ssh_keys.ssh_keys, name="ssh-keys"),
+    path("account/ssh-keys/<int:key_id>/delete/", ssh_keys.ssh_key_delete, name="ssh-key-delete"),
     path("supplier/hosts/", supplier.hosts, name="hosts"),
     path("supplier/hosts/panel/", supplier.hosts_panel, name="hosts-panel"),
     path("supplier/hosts/<int:host_id>/status/", supplier.host_status, name="host-status"),

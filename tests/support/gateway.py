@@ -16,7 +16,7 @@ import httpx
 
 from hub.lib.ports import free_port, wait_for_port
 from tests.support.processes import hub_env, python_module, running
-from tests.support.sshd import ensure_tunnel_user, require_sshd
+from tests.support.sshd import RENTER_USER, ensure_tunnel_user, require_sshd
 
 DOMAIN = "tunnels.test"
 
@@ -28,6 +28,7 @@ def require_gateway() -> None:
 
         pytest.skip("nginx is not installed (apt install nginx-light)")
     ensure_tunnel_user()
+    ensure_tunnel_user(RENTER_USER)
 
 
 @dataclass

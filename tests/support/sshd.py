@@ -26,6 +26,7 @@ from tests.support.polling import wait_for
 
 SSHD = Path("/usr/sbin/sshd")
 TUNNEL_USER = "cloudgpu-tunnel"
+RENTER_USER = "cloudgpu-ssh"  # renters' login on the gateway (hub/tunnels/renter_ssh.py)
 
 
 def free_port() -> int:

@@ -17,10 +17,11 @@ from hub.billing import services as billing
 from hub.billing.models import LedgerEntry
 from hub.catalog.models import Template
 from hub.catalog.offers import list_offers, uptime
+from hub.catalog.services import with_account_keys
 from hub.leases import services as leases
 from hub.leases.models import Lease
 from hub.suppliers.models import Gpu, Host
-from hub.tunnels import access
+from hub.tunnels import access, renter_ssh
 from hub.tunnels import services as tunnels
 from hub.volumes import services as volumes
 from hub.volumes.models import Volume
@@ -58,7 +59,7 @@ def rent(request: HttpRequest, gpu_id: int) -> HttpResponse:
     if request.method == "POST":
         if form.is_valid():
             try:
-                spec = form.spec
+                spec = with_account_keys(form.spec, form.cleaned_data["template"], request.user)
                 if form.cleaned_data.get("volume"):
                     path = form.cleaned_data.get("volume_path") or "/data"
                     mounts = volumes.mounts_for_lease(
@@ -112,6 +113,9 @@ def _lease_context(lease: Lease) -> dict[str, Any]:
         "urls": urls,
         "gpus": list(lease.gpus.order_by("index")),
         "show_urls": lease.state in (Lease.State.STARTING, Lease.State.RUNNING),
+        # web/partials/lease_ssh.html: ssh -J / -L through the gateway (hub/tunnels/renter_ssh.py)
+        "ssh": renter_ssh.lease_access(lease),
+        "has_ssh_keys": lease.renter.ssh_keys.exists(),
     }
 
 
