@@ -21,6 +21,7 @@ from hub.agents.exec_relay import Delivery, ExecRoutes
 from hub.leases import logs as lease_logs
 from hub.leases import services as lease_services
 from hub.leases import terminals
+from hub.lib import local_channels
 from hub.lib.compat_channels import dispatch_without_db_cleanup
 from hub.suppliers.services import authenticate_agent_token
 from hub.tunnels import services as tunnel_services
@@ -132,6 +133,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # channels, and `register` re-checks the token. A group_add (and group_discard) per
         # connection cost a pooled Redis connection per concurrent handshake in a storm.
         await self.accept()
+        local_channels.register(self)  # renters' terminals in this process skip Redis
         # A socket that never registers holds resources without being a host: close it.
         self._register_deadline = asyncio.create_task(self._close_unless_registered())
 
@@ -148,6 +150,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await dispatch_without_db_cleanup(self, message)
 
     async def disconnect(self, code: int) -> None:
+        local_channels.unregister(self)
         deadline = getattr(self, "_register_deadline", None)
         if deadline is not None:
             deadline.cancel()
@@ -331,7 +334,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def _deliver(self, delivery: Delivery) -> None:
         try:
-            await self.channel_layer.send(delivery.channel, delivery.event)
+            await local_channels.send(self.channel_layer, delivery.channel, delivery.event)
         except Exception as exc:  # the renter's socket is gone (ChannelFull), or Redis is
             log.info("terminal output for %s not delivered: %r", delivery.channel, exc)
 

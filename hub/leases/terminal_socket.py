@@ -19,6 +19,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from hub.leases import terminals
+from hub.lib import local_channels
 from supplier_agent.protocol import MAX_EXEC_DATA_BYTES, MAX_TERMINAL_COLS, MAX_TERMINAL_ROWS
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class TerminalSocket(AsyncWebsocketConsumer):
             await self.close()  # before accept: a 403 at the handshake
             return
         await self.accept()
+        local_channels.register(self)  # the agent's socket may be in this process too
         lease_id = str(self.scope["url_route"]["kwargs"]["lease_id"])
         try:
             self.opened = await database_sync_to_async(terminals.open_session)(
@@ -69,7 +71,8 @@ class TerminalSocket(AsyncWebsocketConsumer):
         self._window_started = time.monotonic()
         self._frames = self._bytes = 0
         cols, rows = _size(self.scope.get("query_string", b""))
-        await self.channel_layer.send(
+        await local_channels.send(
+            self.channel_layer,
             self.opened.host_channel,
             terminals.open_event(self.opened, self.channel_name, tty=True, cols=cols, rows=rows),
         )
@@ -115,11 +118,12 @@ class TerminalSocket(AsyncWebsocketConsumer):
     async def _to_agent(self, event: dict[str, str]) -> None:
         assert self.opened is not None
         try:
-            await self.channel_layer.send(self.opened.host_channel, event)
+            await local_channels.send(self.channel_layer, self.opened.host_channel, event)
         except Exception as exc:  # Redis away, or the host's queue full: this keystroke is lost
             log.info("terminal %s: not relayed: %r", self.opened.session_id, exc)
 
     async def disconnect(self, code: int) -> None:
+        local_channels.unregister(self)
         opened = self.opened
         if opened is None or self.exited:
             return
