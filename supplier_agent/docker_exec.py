@@ -63,6 +63,11 @@ class DockerExec:
             left -= len(part)
         return b"".join(parts)
 
+    def stream_socket(self) -> socket.socket | None:
+        # A TTY's stream is raw bytes: the agent's loop reads it directly. Without a TTY it is
+        # multiplexed, and read() above takes its frames apart in a thread.
+        return self._sock if self._tty else None
+
     def write(self, data: bytes) -> None:
         self._sock.sendall(data)
 

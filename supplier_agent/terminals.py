@@ -13,6 +13,7 @@ import asyncio
 import codecs
 import contextlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -56,6 +57,11 @@ class ExecProcess(Protocol):
 
     def exit_code(self) -> int | None: ...
 
+    def stream_socket(self) -> socket.socket | None:
+        """The stream's socket when the event loop may read and write it itself (a TTY's raw
+        stream), else None (read() in a thread: a multiplexed stream needs parsing)."""
+        ...
+
 
 class ExecRefused(Exception):
     """The session cannot start; the message is fit to show the renter."""
@@ -74,7 +80,8 @@ class _Session:
     # Input, resizes and the close of one session run in the order they came (each message
     # is handled in a task of its own, and asyncio.Lock wakes waiters first come, first served).
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    reader: threading.Thread | None = None
+    reader: threading.Thread | asyncio.Task[None] | None = None
+    sock: socket.socket | None = None  # set: the loop reads and writes it, no thread
     closed: bool = False
     seq: int = 0
     decoder: codecs.IncrementalDecoder = field(
@@ -135,6 +142,12 @@ class Terminals:
         session.ready.set()
         if session.closed:  # closed while it started
             await asyncio.to_thread(_quietly_close, session.process)
+        session.sock = session.process.stream_socket()
+        if session.sock is not None:
+            # In the loop: a keystroke's echo costs no hop to and from a thread.
+            session.sock.setblocking(False)
+            session.reader = asyncio.create_task(self._read_async(sid, session, session.sock))
+            return
         session.reader = threading.Thread(
             target=self._read_loop, args=(sid, session), name=f"exec-{sid[:8]}", daemon=True
         )
@@ -164,6 +177,25 @@ class Terminals:
         finally:
             with contextlib.suppress(RuntimeError):  # the loop is gone: the agent is stopping
                 asyncio.run_coroutine_threadsafe(self._finished(sid, session), loop)
+
+    async def _read_async(self, sid: str, session: _Session, sock: socket.socket) -> None:
+        """``_read_loop`` for a stream the loop reads itself, with the same order and
+        backpressure (each piece is sent before the next read)."""
+        loop = asyncio.get_running_loop()
+        budget = _Budget(OUTPUT_BYTES_PER_S)
+        try:
+            while True:
+                data = await loop.sock_recv(sock, READ_BYTES)
+                if not data:
+                    break
+                pause = budget.take(len(data))
+                if pause:
+                    await asyncio.sleep(pause)  # pacing, as a slow link would
+                await self._output(sid, session, data)
+        except OSError as exc:
+            if not session.closed:
+                log.info("terminal %s: stream ended: %r", sid, exc)
+        await self._finished(sid, session)
 
     async def _output(self, sid: str, session: _Session, data: bytes, final: bool = False) -> None:
         text = session.decoder.decode(data, final=final)
@@ -201,7 +233,10 @@ class Terminals:
                 return
             try:
                 data = message.data.encode("utf-8", "replace")
-                await asyncio.to_thread(process.write, data)
+                if session.sock is not None:
+                    await asyncio.get_running_loop().sock_sendall(session.sock, data)
+                else:
+                    await asyncio.to_thread(process.write, data)
             except OSError as exc:
                 log.info("terminal %s: input not delivered: %r", message.session_id, exc)
 
@@ -226,8 +261,13 @@ class Terminals:
             if session.closed:
                 return
             session.closed = True
-            if session.process is not None:
-                # Closing the stream ends the reader, whose end reports exec_exit.
+            if session.sock is not None:
+                # The loop's reader wakes with the end of the stream and reports exec_exit
+                # (closing the process, in a thread, after that).
+                with contextlib.suppress(OSError):
+                    session.sock.shutdown(socket.SHUT_RDWR)
+            elif session.process is not None:
+                # Closing the stream ends the reader thread, whose end reports exec_exit.
                 await asyncio.to_thread(_quietly_close, session.process)
 
     async def _exit(
@@ -240,6 +280,8 @@ class Terminals:
         """The hub connection is gone: end every session without telling anyone."""
         for session in self._sessions.values():
             session.closed = True
+            if isinstance(session.reader, asyncio.Task):
+                session.reader.cancel()  # before the socket goes, so no read waits on it
             if session.process is not None:
                 process = session.process
                 threading.Thread(target=_quietly_close, args=(process,), daemon=True).start()
@@ -260,13 +302,20 @@ class _Budget:
         self._started = time.monotonic()
         self._spent = 0
 
-    def spend(self, size: int) -> None:
+    def take(self, size: int) -> float:
+        """Count ``size`` bytes; how long to wait before sending them (0: at once)."""
         self._spent += size
         ahead = self._spent / self._per_s - (time.monotonic() - self._started)
-        if ahead > 0:
-            time.sleep(ahead)
-        elif ahead < -1:  # idle a while: no credit for the past
-            self._started, self._spent = time.monotonic(), 0
+        if ahead < -1:  # idle a while: no credit for the past
+            self._started, self._spent = time.monotonic(), size
+            return 0.0
+        return max(0.0, ahead)
+
+    def spend(self, size: int) -> None:
+        """``take`` for a reader thread: it sleeps the wait itself."""
+        pause = self.take(size)
+        if pause:
+            time.sleep(pause)
 
 
 def _quietly_close(process: ExecProcess) -> None:
