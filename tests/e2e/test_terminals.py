@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from django.contrib.sessions.models import Session
 from django.test import Client
 from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as ws_connect
@@ -158,6 +159,22 @@ def test_the_renter_gets_a_shell_and_nobody_else_does(
             assert ExecSession.objects.filter(
                 lease_id=lease_id, end_reason="closed by the renter"
             ).exists()
+
+            # Signing out (here: the session row gone, as logout does) ends the terminal.
+            cookie = _cookie(renter)
+            port = stack.web_ports[0]
+            with ws_connect(
+                f"ws://127.0.0.1:{port}/ws/leases/{lease_id}/terminal/",
+                additional_headers={"Cookie": cookie, "Origin": f"http://127.0.0.1:{port}"},
+                open_timeout=30,
+            ) as socket:
+                screen = Screen(socket)
+                screen.type("echo signed-in\r")
+                screen.until("the shell", lambda s: "signed-in" in s.text.split("echo")[-1])
+                Session.objects.filter(session_key=cookie.split("=", 1)[1]).delete()
+                screen.until("the end of the session", lambda s: s.exit is not None)
+            assert screen.exit["error"] == "signed out: the session ended"
+            assert socket.close_code == 4401
 
             # The API: one command and its answer, with a token of the renter's own.
             _, token = create_api_token(renter, "exec", ["read", "leases"])
