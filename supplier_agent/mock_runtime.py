@@ -1,6 +1,8 @@
 """``--runtime mock``: the control-plane dry run. One fake RTX 4090, always idle; reserve, run
-and release answer fake success without touching Docker or NVML. Used by the demo and the hub's
-load tests, never to test the agent's own Docker or claim code."""
+and release answer fake success without touching Docker or NVML; each declared port gets a small
+HTTP page on a 127.0.0.1 host port instead of a container's service (``mock_pages.py``), so the
+demo's tunnel URLs answer. Used by the demo and the hub's load tests, never to test the agent's
+own Docker or claim code."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import uuid
 from collections.abc import Iterable
 
 from supplier_agent.logs import LogSink
+from supplier_agent.mock_pages import MockPages
 from supplier_agent.protocol import DockerRun, ExecOpen, GpuState, VolumeRemoval, VolumeReport
 from supplier_agent.runtime import CommandFailed, ExitReport, ReserveOutcome, RunOutcome
 from supplier_agent.state import Claim
@@ -18,7 +21,6 @@ from supplier_agent.terminals import ExecProcess
 
 MOCK_GPU_NAME = "NVIDIA GeForce RTX 4090"
 MOCK_GPU_MEMORY = 24 * 1024**3
-MOCK_PORT_BASE = 20000
 MOCK_LOG_INTERVAL_S = 1.0
 # The newest deletes answered in every report: what one frame holds (the real agent keeps 7 days).
 MOCK_REMOVALS_KEPT = 300
@@ -32,6 +34,7 @@ class MockRuntime:
         self._held: dict[str, tuple[int, ...]] = {}
         # Volumes the hub deleted: answered as removed, so the hub's side of a delete finishes.
         self._removed: dict[str, VolumeRemoval] = {}
+        self._pages = MockPages()
 
     async def gpus(self) -> list[GpuState]:
         return [
@@ -57,7 +60,7 @@ class MockRuntime:
         return ReserveOutcome(gpu_indices=(0,), warnings=("mock runtime: nothing was claimed",))
 
     async def start(self, command: DockerRun, claim: Claim) -> RunOutcome:
-        ports = {str(port): MOCK_PORT_BASE + n for n, port in enumerate(command.ports)}
+        ports = await self._pages.open(command.lease_id, [str(port) for port in command.ports])
         return RunOutcome(
             container_id=f"mock-{command.lease_id}",
             ports=ports,
@@ -66,10 +69,15 @@ class MockRuntime:
 
     async def release(self, lease_id: str, claim: Claim | None) -> list[str]:
         self._held.pop(lease_id, None)
+        await self._pages.close(lease_id)
         return []
 
     async def adopt(self, claims: dict[str, Claim]) -> set[str]:
         self._held = {lease_id: (0,) for lease_id in claims}
+        # The pages went with the previous agent process; serve them again on the same ports.
+        for lease_id, claim in claims.items():
+            if claim.container_id and claim.ports:
+                await self._pages.open(lease_id, dict(claim.ports))
         return set(claims)
 
     def watch_exits(self, report: ExitReport, stop: threading.Event) -> None:
@@ -117,4 +125,4 @@ class MockRuntime:
         return False
 
     async def close(self) -> None:
-        return None
+        await self._pages.close_all()

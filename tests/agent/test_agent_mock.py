@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import psutil
 
 from tests.support.agents import configure, new_token, running_agent
@@ -64,6 +65,41 @@ def test_agent_registers_heartbeats_and_serves_a_lease(tmp_path: Path) -> None:
         # The token reached the agent through its 0600 config file, never its argv.
         assert session.token not in " ".join(psutil.Process(session.agent.pid).cmdline())
     assert session.token not in (tmp_path / "agent.log").read_text()
+
+
+def _refused(port: int) -> bool:
+    try:
+        httpx.get(f"http://127.0.0.1:{port}/", timeout=2)
+    except httpx.ConnectError:
+        return True
+    return False
+
+
+def test_mock_leases_serve_a_page_on_each_port_until_released(tmp_path: Path) -> None:
+    with mock_agent(tmp_path) as session:
+        hub, conn = session.hub, session.conn
+        lease, other = _lease(), _lease()
+        assert hub.command(conn, "reserve", lease, 1, gpus="0").ok
+        started = hub.command(conn, "docker_run", lease, 1, image="x", ports=[80, 8888])
+        assert started.ok, started.error
+        ports = started.result["ports"]
+        assert set(ports) == {"80", "8888"}
+        assert len(set(ports.values())) == 2  # host ports of their own, like a container's
+        for container_port, host_port in ports.items():
+            page = httpx.get(f"http://127.0.0.1:{host_port}/any/path?q=1", timeout=10)
+            assert page.status_code == 200
+            assert page.headers["content-type"].startswith("text/html")
+            assert lease in page.text
+            assert f"container port {container_port}" in page.text
+        assert httpx.head(f"http://127.0.0.1:{ports['80']}/", timeout=10).content == b""
+
+        # A second lease (after the first is released: the mock host has one GPU) gets its own.
+        assert hub.command(conn, "release", lease, 1).ok
+        for host_port in ports.values():
+            assert _refused(host_port), "a released lease's page still answers"
+        assert hub.command(conn, "reserve", other, 2, gpus="0").ok
+        again = hub.command(conn, "docker_run", other, 2, image="x", ports=[80])
+        assert other in httpx.get(f"http://127.0.0.1:{again.result['ports']['80']}/").text
 
 
 def test_a_repeated_command_has_one_effect_and_the_same_answer(tmp_path: Path) -> None:

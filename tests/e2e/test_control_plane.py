@@ -80,7 +80,7 @@ def test_a_mock_agent_on_one_daphne_gets_commands_from_the_worker(
 
         lease_id = start_lease(stack, renter, host, "--image", "busybox", "--port", "8080")
         lease = wait_for(lambda: lease_state(lease_id, "running"), timeout_s=60, what="running")
-        assert lease.host_ports == {"8080": 20000}
+        assert set(lease.host_ports) == {"8080"}  # the mock's page, on a free host port
         assert Command.objects.filter(lease=lease, state="acked").count() == 2
 
         stack.manage("hub", "lease", "release", lease_id, "--reason", "renter_stop")
