@@ -60,7 +60,12 @@ from supplier_agent.protocol import (
 from supplier_agent.runtime import CommandFailed, Runtime
 from supplier_agent.state import AgentState, Claim
 from supplier_agent.terminals import Terminals
-from supplier_agent.tunnels import TunnelManager, require_tools, spec_to_dict
+from supplier_agent.tunnels import (
+    TunnelManager,
+    require_tools,
+    spec_to_dict,
+    tunnel_tools_present,
+)
 
 log = logging.getLogger("cloudgpu.agent")
 
@@ -70,6 +75,9 @@ async def _nowhere(message: Message) -> None:
 
 
 WELCOME_TIMEOUT_S = 10.0
+# How long docker_run waits for the lease's tunnel to be up before acking without it (with a
+# warning per port): well inside the command's deadline, long enough for a gateway round trip.
+TUNNEL_UP_WAIT_S = 15.0
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 60.0
 # A connection that lived this long counts as healthy: the next failure starts backoff afresh.
@@ -533,7 +541,16 @@ class Agent:
             # Unrecorded, the claim would hold the GPU until a restart (a full disk, say).
             await self.runtime.release(command.lease_id, None)
             raise
-        return {"gpu_indices": list(outcome.gpu_indices), "warnings": list(outcome.warnings)}
+        result: dict[str, Any] = {
+            "gpu_indices": list(outcome.gpu_indices),
+            "warnings": list(outcome.warnings),
+        }
+        if tunnel_tools_present():
+            # The lease's tunnel key now, so the hub knows it before docker_run: the gateway then
+            # takes the tunnel's first attempt, and docker_run can wait for it to be up.
+            with contextlib.suppress(OSError, CommandFailed):
+                result["tunnel_public_key"] = await self.tunnels.ensure_key(command.lease_id)
+        return result
 
     async def _docker_run(self, command: DockerRun) -> dict[str, Any]:
         claim = self.state.claims.get(command.lease_id)
@@ -556,9 +573,25 @@ class Agent:
         result["tunnel_public_key"] = await self.tunnels.ensure_key(command.lease_id)
         claim.tunnel = spec_to_dict(command.tunnel)
         self.state.save_claim(claim)
-        # The hub learns the key from this command's ack, which is sent after we return: the
-        # first ssh attempt may be refused, and the supervisor's quick first retry gets in.
+        # The hub has the key from the reserve's ack (an older hub only from this ack: then the
+        # first ssh attempt is refused and the supervisor's quick retry gets in).
         await self.tunnels.start(command.lease_id, command.tunnel, claim.ports)
+        # Running means reachable (seed 002): ack once the forwards are up, or say which are not.
+        down = await self.tunnels.wait_up(command.lease_id, TUNNEL_UP_WAIT_S)
+        # In the ack itself, so the hub marks the URLs up with the lease running: the
+        # tunnel_state frames, on the outbox, may come after it.
+        result["tunnel_states"] = {
+            str(forward.port): "down" if forward.port in down else "up"
+            for forward in command.tunnel.forwards
+        }
+        if down:
+            result["warnings"] = [
+                *result.get("warnings", []),
+                *(
+                    f"port {port}: the tunnel is not up yet ({why}); its URL works once it is"
+                    for port, why in sorted(down.items())
+                ),
+            ]
         return result
 
     async def _release(self, command: Release) -> dict[str, Any]:

@@ -62,6 +62,10 @@ class TunnelUnavailable(CommandFailed):
     """This host cannot open tunnels at all (no OpenSSH client)."""
 
 
+def tunnel_tools_present() -> bool:
+    return all(shutil.which(tool) is not None for tool in ("ssh", "ssh-keygen"))
+
+
 def require_tools() -> None:
     for tool in ("ssh", "ssh-keygen"):
         if shutil.which(tool) is None:
@@ -131,6 +135,8 @@ class _Tunnel:
     host_ports: dict[int, int]  # container port -> host port on 127.0.0.1
     task: asyncio.Task[None] | None = None
     listen_to_port: dict[int, int] = field(default_factory=dict)
+    # Set on every state change of one of its ports: wait_up() waits on it.
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class TunnelManager:
@@ -209,6 +215,32 @@ class TunnelManager:
         tunnel.task = asyncio.create_task(self._supervise(tunnel), name=f"tunnel-{lease_id}")
         self._tunnels[lease_id] = tunnel
 
+    async def wait_up(self, lease_id: str, timeout_s: float) -> dict[int, str]:
+        """Wait until every forward of the lease's tunnel is up, at most ``timeout_s``; the
+        ports still not up then, with why (empty: all up). Seed 002: a rental is running once
+        the way in works, or it says why not."""
+        tunnel = self._tunnels.get(lease_id)
+        if tunnel is None:
+            return {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            down = {
+                f.port: (
+                    self._states[(lease_id, f.port)].detail
+                    if (lease_id, f.port) in self._states
+                    else "the gateway has not answered yet"
+                )
+                for f in tunnel.spec.forwards
+                if getattr(self._states.get((lease_id, f.port)), "state", None) != "up"
+            }
+            left = deadline - loop.time()
+            if not down or left <= 0:
+                return down
+            tunnel.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(tunnel.changed.wait(), left)
+
     async def stop(self, lease_id: str, *, forget_key: bool = True) -> None:
         """End the lease's ssh (its whole process group) and supervisor; ``forget_key`` also
         deletes the key folder (the lease is over; keep it when only the agent stops)."""
@@ -232,6 +264,7 @@ class TunnelManager:
         if self._states.get((tunnel.lease_id, port)) == message:
             return  # a retry failing the same way again is not news to the hub
         self._states[(tunnel.lease_id, port)] = message
+        tunnel.changed.set()
         if state == "up":
             log.info("tunnel for lease %s port %d is up", tunnel.lease_id, port)
         else:

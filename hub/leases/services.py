@@ -328,6 +328,13 @@ def record_ack(host_id: int, ack: Ack, now: datetime | None = None) -> bool:
     return True
 
 
+def _strings(value: Any) -> list[str]:
+    """An ack's warnings as the lease keeps them: strings, at most 10, each at most 500."""
+    if not isinstance(value, list):
+        return []
+    return [str(item)[:500] for item in value if isinstance(item, str)][:10]
+
+
 def _advance(lease: Lease, command: Command, ack: Ack, now: datetime) -> None:
     kind = command.kind
     if kind == Command.Kind.RESERVE:
@@ -337,6 +344,12 @@ def _advance(lease: Lease, command: Command, ack: Ack, now: datetime) -> None:
             _finish(lease, State.FAILED, now, Lease.EndReason.ERROR, renter_reason(ack.error))
             return
         lease.warnings = list(ack.result.get("warnings", []))
+        if ack.result.get("tunnel_public_key") is not None:
+            # Known before docker_run, the gateway takes the tunnel's first attempt and the
+            # agent can ack running once the URLs work (agents before this send it later).
+            warning = tunnels.register_key(lease, ack.result["tunnel_public_key"])
+            if warning:
+                lease.warnings = [*lease.warnings, warning]
         lease.state = State.STARTING
         lease.save(update_fields=["state", "warnings"])
         _queue_command(lease, commands.docker_run(lease, commands.paid_until(lease)))
@@ -350,9 +363,11 @@ def _advance(lease: Lease, command: Command, ack: Ack, now: datetime) -> None:
         lease.host_ports = dict(ack.result.get("ports", {}))
         lease.state = State.RUNNING
         lease.running_since = now
+        lease.warnings = [*lease.warnings, *_strings(ack.result.get("warnings"))]
         warning = tunnels.register_key(lease, ack.result.get("tunnel_public_key"))
-        if warning:
+        if warning and warning not in lease.warnings:
             lease.warnings = [*lease.warnings, warning]
+        tunnels.apply_ack_states(lease, ack.result.get("tunnel_states"), now)
         lease.save(
             update_fields=["container_id", "host_ports", "state", "running_since", "warnings"]
         )

@@ -72,7 +72,8 @@ def _read_host_keys(path: str, _mtime_ns: int) -> tuple[str, ...]:
 
 
 def public_url(tunnel: Tunnel) -> str:
-    return f"{settings.TUNNEL_URL_SCHEME}://{tunnel.public_id}-i.{settings.TUNNEL_DOMAIN}/"
+    port = f":{settings.TUNNEL_URL_PORT}" if settings.TUNNEL_URL_PORT else ""
+    return f"{settings.TUNNEL_URL_SCHEME}://{tunnel.public_id}-i.{settings.TUNNEL_DOMAIN}{port}/"
 
 
 # --- allocation -----------------------------------------------------------------------------
@@ -159,6 +160,21 @@ def register_key(lease: Lease, public_key: Any) -> str | None:
         log.warning("lease %s sent a tunnel key another lease uses; ignored", lease.pk)
         return "the agent reused another lease's tunnel key; no URL for this lease"
     return None
+
+
+def apply_ack_states(lease: Lease, states: Any, now: datetime) -> None:
+    """The tunnel states a docker_run ack carries ({"8080": "up"}): the lease turns running
+    with its URLs' true state, not a moment before the agent's tunnel_state frames arrive."""
+    if not isinstance(states, dict):
+        return
+    for port, state in states.items():
+        if not (isinstance(port, str) and port.isdigit() and len(port) <= 5):
+            continue
+        if state not in (Tunnel.State.UP, Tunnel.State.DOWN):
+            continue
+        lease.tunnels.filter(container_port=int(port), closed_at__isnull=True).exclude(
+            state=state
+        ).update(state=state, state_changed_at=now)
 
 
 def record_state(host_id: int, message: TunnelState) -> None:

@@ -128,14 +128,6 @@ def _rent(stack: HubStack, renter: User, gpu: int, *args: str) -> Lease:
     return lease
 
 
-def _tunnels_up(lease: Lease) -> dict[int, Tunnel]:
-    def up() -> dict[int, Tunnel] | None:
-        tunnels = {t.container_port: t for t in Tunnel.objects.filter(lease=lease)}
-        return tunnels if tunnels and all(t.state == "up" for t in tunnels.values()) else None
-
-    return wait_for(up, timeout_s=60, what="the lease's tunnels to be up")
-
-
 def _ssh_processes(lease: Lease) -> list[psutil.Process]:
     marker = f"{lease.pk}/id_ed25519"
     found = []
@@ -263,7 +255,14 @@ def world(
 def _rented(world: World, docker_client: object, gpu: int, *args: str) -> Iterator[Rental]:
     lease = _rent(world.stack, world.renter, gpu, *args)
     try:
-        yield Rental(lease, _tunnels_up(lease))
+        # Running means reachable (issue 17 item 3): its tunnels are up as it turns running,
+        # with no wait.
+        tunnels = {t.container_port: t for t in Tunnel.objects.filter(lease=lease)}
+        assert tunnels, "a rental with ports has tunnels"
+        assert all(t.state == "up" for t in tunnels.values()), {
+            port: (t.state, t.detail) for port, t in tunnels.items()
+        }
+        yield Rental(lease, tunnels)
     finally:
         for container in docker_client.containers.list(  # type: ignore[attr-defined]
             all=True, filters={"label": f"cloudgpu.lease={lease.pk}"}

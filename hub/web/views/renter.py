@@ -105,7 +105,12 @@ def _own_lease(request: HttpRequest, lease_id: Any) -> Lease:
 
 def _lease_context(lease: Lease) -> dict[str, Any]:
     urls = [
-        {"port": t.container_port, "url": tunnels.public_url(t), "state": t.state}
+        {
+            "port": t.container_port,
+            "url": tunnels.public_url(t),
+            "state": t.state,
+            "detail": t.detail,
+        }
         for t in lease.tunnels.all()
     ]
     return {
