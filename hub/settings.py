@@ -446,6 +446,9 @@ AGENT_DIST_DIR = Path(env_str("AGENT_DIST_DIR") or BASE_DIR / ".state" / "agent-
 # declared container port of a lease then gets https://<id>-i.<TUNNEL_DOMAIN>.
 TUNNEL_DOMAIN = env_str("TUNNEL_DOMAIN").strip(".").lower()
 TUNNEL_URL_SCHEME = env_str("TUNNEL_URL_SCHEME", "https")
+# The edge's port in renters' URLs when it is not the scheme's default (the local trial's
+# http://<id>-i.localhost:8080/); empty: none.
+TUNNEL_URL_PORT = env_str("TUNNEL_URL_PORT")
 TUNNEL_GATEWAY_SSH_HOST = env_str("TUNNEL_GATEWAY_SSH_HOST")
 TUNNEL_GATEWAY_SSH_PORT = env_int("TUNNEL_GATEWAY_SSH_PORT", 2222)
 TUNNEL_GATEWAY_USER = env_str("TUNNEL_GATEWAY_USER", "cloudgpu-tunnel")
