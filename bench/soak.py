@@ -214,6 +214,24 @@ def _short_leases(
         stop.wait(max(0.0, SHORT_EVERY_S - (time.monotonic() - started)))
 
 
+def _keep_chatty(renter: Any, host: Any, spec: Any, leases: list[str], counters: Counters) -> None:
+    """One chatty lease on GPU 0 and one on GPU 1; one that ended (its container killed:
+    the Docker engine may be shared) is rented again, and counted."""
+    from hub.leases.models import Lease
+    from hub.leases.services import start_lease
+
+    for gpu, lease_id in enumerate(leases):
+        if lease_id and Lease.objects.filter(pk=lease_id, state="running").exists():
+            continue
+        if lease_id:
+            counters.add("chatty.rented_again")
+            _wait_state(lease_id, ("ended", "failed"))
+        lease = start_lease(renter, host, [gpu], spec)
+        if _wait_state(lease.pk, ("running", "failed", "ended")).state != "running":
+            raise RuntimeError(f"chatty lease {lease.pk} did not run")
+        leases[gpu] = str(lease.pk)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import docker
     from django.test import Client
@@ -229,7 +247,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     image = common.build_busybox_image()
     common.setup_django(env)
     from hub.accounts.api_tokens import create_api_token
-    from hub.leases.services import LeaseSpec, release_lease, start_lease
+    from hub.leases.services import LeaseSpec, release_lease
 
     result: dict[str, Any] = {"figure": "soak (issue 23)", "machine": common.machine()}
     counters = Counters()
@@ -260,11 +278,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             host = _wait_online(supplier)
             agent_id = (state / "agent_id").read_text().strip()
             chatty = LeaseSpec(image=image, command=["sh", "-c", CHATTY])
-            for gpu in (0, 1):
-                lease = start_lease(renter, host, [gpu], chatty)
-                if _wait_state(lease.pk, ("running", "failed", "ended")).state != "running":
-                    raise RuntimeError(f"chatty lease {lease.pk} did not run")
-                leases.append(str(lease.pk))
+            leases.extend(["", ""])
+            _keep_chatty(renter, host, chatty, leases, counters)
             browser = Client()
             browser.force_login(renter)
             cookie = f"sessionid={browser.cookies['sessionid'].value}"
@@ -283,6 +298,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             pids["agent"] = agent.pid
             ends_at = time.monotonic() + args.minutes * 60
             while True:
+                _keep_chatty(renter, host, chatty, leases, counters)
                 samples.append(_sample(env, pids, state, docker_client, agent_id))
                 if time.monotonic() >= ends_at:
                     break
@@ -293,7 +309,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for thread in threads:
                 thread.join(timeout=60)
             for lease_id in leases:
-                release_lease(lease_id)
+                if lease_id:
+                    release_lease(lease_id)
             common.stop_tree(agent)
     docker_client.close()
     warm_up_s = max(300.0, args.minutes * 60 / 6)
