@@ -36,6 +36,7 @@ from hub.tunnels.gateway_config import (
 from hub.tunnels.ssh_listener import SshListener
 
 SSHD = "/usr/sbin/sshd"
+CUT_CHECK_S = 1.0
 DEFAULT_FOLDER = Path("/var/lib/cloudgpu-gateway")
 
 
@@ -195,7 +196,16 @@ def run(options: GatewayOptions, secret: str, ready: Path | None = None) -> int:
         )
         if ready is not None:
             ready.write_text(f"{os.getpid()}\n")
+        next_cut = time.monotonic() + CUT_CHECK_S
         while not stopping:
+            if options.renter_user and time.monotonic() >= next_cut:
+                # sshd fixes a login's permitopen list when it logs in: a renter connection
+                # kept open past the hub's port quarantine could reach a port since handed to
+                # another lease. Connections are ended before that (TUNNEL_PORT_QUARANTINE_S).
+                cut = listener.cut_older_than(options.renter_user, options.renter_max_connection_s)
+                if cut:
+                    print(f"tunnel gateway: ended {cut} renter connection(s) at their age limit")
+                next_cut = time.monotonic() + CUT_CHECK_S
             exited = supervisor.first_exited()
             if exited is not None or not listener.alive():
                 name = exited.name if exited else "the ssh listener"
@@ -227,6 +237,13 @@ def main(argv: list[str] | None = None) -> int:
         default="cloudgpu-ssh",
         help="renters' login (ssh -J/-L to their own rentals' ports); '' turns it off; it must"
         " match the hub's TUNNEL_GATEWAY_RENTER_USER",
+    )
+    run_parser.add_argument(
+        "--renter-max-connection-s",
+        type=int,
+        default=3300,
+        help="renters' connections end after this long (default 3300: under the hub's "
+        "TUNNEL_PORT_QUARANTINE_S of 3600, which must stay above it)",
     )
     run_parser.add_argument("--keys-command-user", default="nobody")
     run_parser.add_argument(
@@ -278,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         http_port=int(http_port),
         user=args.user,
         renter_user=args.renter_user,
+        renter_max_connection_s=args.renter_max_connection_s,
         keys_command_user=args.keys_command_user,
         timeout_s=args.timeout,
         tls_cert=args.tls_cert,

@@ -29,6 +29,9 @@ class GatewayOptions:
     user: str = "cloudgpu-tunnel"
     # Renters' login (ssh -J / -L to their own rentals' ports); empty: no renter logins.
     renter_user: str = "cloudgpu-ssh"
+    # Below the hub's TUNNEL_PORT_QUARANTINE_S (see gateway.run): a renter's login may reach
+    # only ports that are still theirs.
+    renter_max_connection_s: int = 3300
     keys_command_user: str = "nobody"
     timeout_s: int = DEFAULT_TIMEOUT_S
     tls_cert: Path | None = None

@@ -17,8 +17,11 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import IO
+
+import psutil
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,24 @@ class SshListener:
     def connections(self) -> int:
         self._children = [child for child in self._children if child.poll() is None]
         return len(self._children)
+
+    def cut_older_than(self, user: str, max_age_s: float) -> int:
+        """End every connection logged in as ``user`` (sshd's child for the session runs as
+        that user) that has lasted ``max_age_s`` or more; how many were ended."""
+        cut = 0
+        now = time.time()
+        for child in list(self._children):
+            try:
+                monitor = psutil.Process(child.pid)
+                if now - monitor.create_time() < max_age_s:
+                    continue
+                if not any(p.username() == user for p in monitor.children(recursive=True)):
+                    continue
+                monitor.terminate()
+                cut += 1
+            except psutil.Error:  # it ended meanwhile
+                continue
+        return cut
 
     def _serve(self) -> None:
         while not self._stop.is_set():

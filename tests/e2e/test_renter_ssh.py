@@ -117,6 +117,11 @@ def _rent(stack: HubStack, renter: User, gpu: int, image: str, *ports: int) -> L
     return lease
 
 
+# Short here, so a test can see a renter connection end at its limit (the gateway default is
+# 3300 s, under the hub's 3600 s port quarantine); every other test's ssh is over in seconds.
+RENTER_MAX_CONNECTION_S = 20
+
+
 @pytest.fixture(scope="module")
 def world(
     tmp_path_factory: pytest.TempPathFactory,
@@ -127,7 +132,9 @@ def world(
     folder = tmp_path_factory.mktemp("renter-ssh")
     supplier = User.objects.create_user(username=f"supplier-{uuid.uuid4().hex[:6]}")
     alice, bob = _renter(folder, "alice"), _renter(folder, "bob")
-    with tunnel_world(folder, supplier, gpus=2) as (stack, gateway, _state, _agent):
+    with tunnel_world(
+        folder, supplier, gpus=2, renter_max_connection_s=RENTER_MAX_CONNECTION_S
+    ) as (stack, gateway, _state, _agent):
         try:
             alice_lease = _rent(stack, alice.user, 0, busybox_image, 22, 5432)
             bob_lease = _rent(stack, bob.user, 1, busybox_image, 5432)
@@ -193,6 +200,37 @@ def test_ssh_l_reaches_another_declared_port(world: World) -> None:
         finally:
             forward.terminate()
             forward.communicate(timeout=30)
+
+
+def test_a_renter_connection_ends_at_its_age_limit(world: World) -> None:
+    """sshd fixes a login's permitopen list at login: a connection kept open past the hub's port
+    quarantine could reach a port handed to another lease since. The gateway ends renter
+    connections before that (here after RENTER_MAX_CONNECTION_S)."""
+    local = free_port()
+    listen = world.listen(world.alice_lease, 5432)
+    argv = [
+        "ssh", "-F", "/dev/null", "-i", str(world.alice.key), "-o", "IdentitiesOnly=yes",
+        "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+        "-o", "UserKnownHostsFile=/dev/null", "-o", "ServerAliveInterval=2",
+        "-p", str(world.gateway.ssh_port), "-l", RENTER_USER, "-N",
+        "-L", f"127.0.0.1:{local}:127.0.0.1:{listen}", "127.0.0.1",
+    ]  # fmt: skip
+    with subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    ) as forward:
+        try:
+            assert wait_for_port(local, timeout_s=30)
+            assert httpx.get(f"http://127.0.0.1:{local}/", timeout=10).status_code == 200
+            wait_for(
+                lambda: forward.poll() is not None,
+                timeout_s=RENTER_MAX_CONNECTION_S + 30,
+                what="the gateway to end the connection at its age limit",
+            )
+        finally:
+            if forward.poll() is None:
+                forward.terminate()
+            forward.communicate(timeout=30)
+    assert "renter connection(s) at their age limit" in world.gateway.log.read_text()
 
 
 def test_the_lease_page_s_host_block_names_the_gateway_and_the_listen_port(world: World) -> None:

@@ -194,7 +194,7 @@ def people(db_access: None) -> tuple[User, User]:
 
 @contextmanager
 def tunnel_world(
-    tmp_path: Path, supplier: User, gpus: int = 1
+    tmp_path: Path, supplier: User, gpus: int = 1, renter_max_connection_s: int = 3300
 ) -> Iterator[tuple[HubStack, Gateway, Path, subprocess.Popen[bytes]]]:
     """Hub, gateway and one Docker agent (fake NVML) whose host is online."""
     table = FakeGpuTable.create(tmp_path / "gpus.json", gpu_count=gpus)
@@ -202,7 +202,12 @@ def tunnel_world(
     with (
         planned_gateway(tmp_path) as gateway,
         hub_stack(tmp_path, **gateway.hub_settings()) as stack,
-        running_gateway(gateway, stack.url(), timeout_s=EDGE_TIMEOUT_S),
+        running_gateway(
+            gateway,
+            stack.url(),
+            timeout_s=EDGE_TIMEOUT_S,
+            renter_max_connection_s=renter_max_connection_s,
+        ),
     ):
         token = stack.manage(
             "hub", "token", "create", "--owner", supplier.username, "--default-price", "0"

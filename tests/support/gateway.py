@@ -89,7 +89,9 @@ def planned_gateway(log_dir: Path) -> Iterator[Gateway]:
 
 
 @contextmanager
-def running_gateway(gateway: Gateway, hub_url: str, *, timeout_s: int = 900) -> Iterator[Gateway]:
+def running_gateway(
+    gateway: Gateway, hub_url: str, *, timeout_s: int = 900, renter_max_connection_s: int = 3300
+) -> Iterator[Gateway]:
     argv = python_module(
         "hub.tunnels.gateway",
         "run",
@@ -105,6 +107,8 @@ def running_gateway(gateway: Gateway, hub_url: str, *, timeout_s: int = 900) -> 
         str(timeout_s),
         "--nginx-workers",
         "1",
+        "--renter-max-connection-s",
+        str(renter_max_connection_s),
     )
     env = hub_env(TUNNEL_GATEWAY_SECRET=gateway.secret)
     try:
