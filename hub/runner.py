@@ -5,8 +5,9 @@
 
 Without DATABASE_URL / REDIS_URL it starts the embedded Postgres and Redis under the state
 folder (data survives between runs); with them set it uses those services. `serve` then applies
-migrations, creates the demo accounts, starts Daphne, a Celery worker and Celery beat, and on
-Ctrl-C (SIGINT) or SIGTERM stops every process it started. `exec` runs one command (the test
+migrations, creates the demo accounts, starts Daphne, a Celery worker, Celery beat, the tunnel
+gateway where it can run (hub/lib/demo_gateway.py) and a demo agent, and on Ctrl-C (SIGINT) or
+SIGTERM stops every process it started. `exec` runs one command (the test
 suite) with the same environment and stops the services afterwards.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import json
 import os
 import secrets
 import signal
@@ -24,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+from hub.lib import demo_gateway
 from hub.lib.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedServiceError
 from hub.lib.ports import wait_for_port
 from hub.lib.supervise import Supervisor
@@ -86,19 +89,81 @@ def _manage(env: dict[str, str], *args: str) -> None:
     subprocess.run([sys.executable, str(BASE_DIR / "manage.py"), *args], env=env, check=True)
 
 
+# Where the hub's secrets are in the environment: neither the agent nor the gateway gets them.
+_HUB_SECRETS = ("DATABASE_", "REDIS_", "SECRET_", "TUNNEL_GATEWAY_SECRET")
+
+# Run by the demo agent's interpreter: can it use Docker, and does NVML see a GPU to rent?
+_DOCKER_PROBE = """
+import json
+out = {}
+try:
+    import docker
+    docker.from_env(timeout=5).ping()
+    out["docker"] = None
+except Exception as exc:
+    out["docker"] = f"{type(exc).__name__}: {exc}"
+try:
+    import pynvml
+    pynvml.nvmlInit()
+    out["gpus"] = pynvml.nvmlDeviceGetCount()
+except Exception as exc:
+    out["gpus"] = 0
+print(json.dumps(out))
+"""
+
+
+def demo_agent_runtime(env: dict[str, str]) -> tuple[dict[str, str], str]:
+    """The demo agent's runtime settings (as CLOUDGPU_* variables, over its config file) and a
+    line saying which and why: Docker with --gpu-devices none where an engine answers and NVML
+    lists a GPU to rent, else the mock runtime (an agent without NVML lists no GPU at all)."""
+    mock = {"CLOUDGPU_RUNTIME": "mock"}
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", _DOCKER_PROBE],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        found = json.loads(probe.stdout)
+    except (subprocess.TimeoutExpired, ValueError):
+        return mock, "mock runtime (the Docker/NVML probe did not answer)"
+    if found.get("docker"):
+        return mock, "mock runtime (no Docker engine reachable)"
+    if not found.get("gpus"):
+        return mock, (
+            "mock runtime (Docker is reachable, but NVML lists no GPU, and the Docker runtime "
+            "rents only GPUs NVML lists)"
+        )
+    docker_settings = {
+        "CLOUDGPU_RUNTIME": "docker",
+        # Containers without the GPU device (no container toolkit needed), the host's GPU
+        # compute modes untouched: a demo, not a supplier.
+        "CLOUDGPU_GPU_DEVICES": "none",
+        "CLOUDGPU_COMPUTE_MODE": "skip",
+    }
+    return docker_settings, "Docker runtime, --gpu-devices none"
+
+
 def _start_demo_agent(
     supervisor: Supervisor, agent_state: Path, env: dict[str, str], hub_url: str
-) -> None:
-    """One agent in --runtime mock for the demo supplier, so a fresh hub has a GPU to rent."""
+) -> str:
+    """One agent for the demo supplier, so a fresh hub has a GPU to rent; returns its line."""
     agent = [sys.executable, "-m", "supplier_agent"]
     # The agent gets none of the hub's secrets, as on a real supplier's machine.
-    agent_env = {
-        k: v for k, v in env.items() if not k.startswith(("DATABASE_", "REDIS_", "SECRET_"))
-    }
+    agent_env = {k: v for k, v in env.items() if not k.startswith(_HUB_SECRETS)}
+    runtime, described = demo_agent_runtime(agent_env)
+    agent_env.update(runtime)
+    agent_env.setdefault("CLOUDGPU_LOCK_DIR", str(agent_state / "locks"))
     if not (agent_state / "cloudgpu-agent.conf").exists():
         manage = [sys.executable, str(BASE_DIR / "manage.py")]
         created = subprocess.run(
-            [*manage, "hub", "token", "create", "--owner", "supplier", "--name", "demo mock agent"],
+            # Free (price 0): its GPU is offered at once, and renting it needs no balance.
+            [
+                *manage,
+                *("hub", "token", "create", "--owner", "supplier", "--name", "demo agent"),
+                *("--default-price", "0"),
+            ],
             env=env,
             capture_output=True,
             text=True,
@@ -121,12 +186,30 @@ def _start_demo_agent(
             text=True,
             check=True,
         )
+    (agent_state / "locks").mkdir(exist_ok=True)
     supervisor.start(
         "demo-agent",
         [*agent, "run", "--state", str(agent_state), "--hub", hub_url],
         env=agent_env,
         log_path=agent_state / "agent.log",
     )
+    return described
+
+
+def _plan_gateway(state: Path, env: dict[str, str], port: int) -> demo_gateway.DemoGateway | None:
+    """The demo's tunnel gateway, its settings put into ``env``; None (and a line saying why
+    and what to install) where it cannot run. A hub pointed at a gateway of its own keeps it."""
+    if env.get("TUNNEL_DOMAIN") or env.get("HUB_DEMO_GATEWAY", "1") == "0":
+        return None
+    ssh_port = int(env.get("HUB_GATEWAY_SSH_PORT", "2222"))
+    http_port = int(env.get("HUB_GATEWAY_HTTP_PORT", str(port + 80)))
+    try:
+        gateway = demo_gateway.plan(state, ssh_port, http_port)
+    except demo_gateway.GatewayUnavailable as exc:
+        print(f"hub runner: no tunnel gateway, so rentals get no URL: {exc}", flush=True)
+        return None
+    env.update(gateway.hub_settings())
+    return gateway
 
 
 def serve(state: Path, host: str, port: int) -> int:
@@ -139,6 +222,7 @@ def serve(state: Path, host: str, port: int) -> int:
         env = prepare_environment(state, supervisor)
         env.setdefault("DEBUG", "1")
         env.setdefault("HUB_PUBLIC_URL", f"http://{host}:{port}")
+        gateway = _plan_gateway(state, env, port)
         _manage(env, "migrate", "--noinput", "--verbosity", "1")
         _manage(env, "create_demo_accounts")
         python = sys.executable
@@ -191,16 +275,33 @@ def serve(state: Path, host: str, port: int) -> int:
             print("Daphne did not start listening; see its output above.", file=sys.stderr)
             return 1
         base = f"http://{host}:{port}"
+        lines = [
+            f"  dashboard  {base}/",
+            f"  admin      {base}/admin/",
+            f"  health     {base}/healthz",
+        ]
+        if gateway is not None:
+            supervisor.start(
+                "gateway",
+                gateway.argv(f"http://127.0.0.1:{port}"),
+                env={k: v for k, v in env.items() if not k.startswith(_HUB_SECRETS)}
+                | {"TUNNEL_GATEWAY_SECRET_FILE": str(gateway.secret_file)},
+                log_path=state / "gateway.log",
+                cwd=BASE_DIR,
+            )
+            lines.append(
+                f"  gateway    rentals' URLs {gateway.url_pattern()}, ssh 127.0.0.1:"
+                f"{gateway.ssh_port}, log in {state / 'gateway.log'}"
+            )
         if env.get("HUB_DEMO_AGENT", "1") != "0":
-            _start_demo_agent(supervisor, state / "demo-agent", env, base)
+            agent_log = state / "demo-agent" / "agent.log"
+            runtime = _start_demo_agent(supervisor, state / "demo-agent", env, base)
+            lines.append(f"  demo agent {runtime}, log in {agent_log}")
+        lines.append(f"  state      {state}")
         print(
             "\nCloudGPU hub is running:\n"
-            f"  dashboard  {base}/\n"
-            f"  admin      {base}/admin/\n"
-            f"  health     {base}/healthz\n"
-            f"  demo agent one mock RTX 4090, log in {state / 'demo-agent' / 'agent.log'}\n"
-            f"  state      {state}\n"
-            "Press Ctrl-C to stop everything.\n",
+            + "\n".join(lines)
+            + "\nPress Ctrl-C to stop everything.\n",
             flush=True,
         )
         # A child that dies (killed, crashed, out of memory) is started again with backoff and

@@ -1,12 +1,15 @@
-"""`make run`'s runner, run for real: embedded Postgres and Redis, Daphne, Celery worker, beat."""
+"""`make run`'s runner, run for real: embedded Postgres and Redis, Daphne, Celery worker, beat,
+the tunnel gateway (sshd + nginx) and the demo agent."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +20,7 @@ import httpx
 import psutil
 
 from hub.lib.ports import free_port
+from tests.support.gateway import require_gateway
 from tests.support.polling import wait_for
 from tests.support.processes import REPO_ROOT
 
@@ -32,6 +36,7 @@ _SERVICE_VARS = (
     "DEBUG",
     "HUB_PUBLIC_URL",
     "ALLOWED_HOSTS",
+    "TUNNEL_DOMAIN",
 )
 _PASSWORD = re.compile(r"demo-account username=(\w+) password=(\S+)")
 
@@ -47,8 +52,8 @@ class Runner:
 
 
 @contextmanager
-def runner(state: Path) -> Iterator[Runner]:
-    env = {k: v for k, v in os.environ.items() if k not in _SERVICE_VARS}
+def runner(state: Path, **extra_env: str) -> Iterator[Runner]:
+    env = {k: v for k, v in os.environ.items() if k not in _SERVICE_VARS} | extra_env
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "hub.runner", "serve", "--state", str(state), "--port", str(port)],
@@ -171,6 +176,9 @@ def test_runner_serves_the_hub_and_leaves_no_process_behind(state_dir: Path) -> 
             "supplier_agent",
         ):
             assert expected in commands, f"{expected} is not running under the runner"
+        # No gateway below a world-writable /tmp (sshd would refuse its key command there), or
+        # without root: the runner says why and goes on.
+        assert "hub runner: no tunnel gateway, so rentals get no URL: " in run.text()
 
         run.process.send_signal(signal.SIGINT)
         assert run.process.wait(timeout=90) == 0
@@ -257,6 +265,100 @@ def test_a_child_that_dies_is_restarted_and_ctrl_c_still_stops_everything(
         assert _direct_child(run, "worker").pid != worker.pid
         wait_for(lambda: _healthy(run), timeout_s=60, what="/healthz = 200 again")
         started = _started_processes(run)
+
+        run.process.send_signal(signal.SIGINT)
+        assert run.process.wait(timeout=90) == 0
+
+    left = {p.pid: cmdline for p, cmdline in started.items() if _still_running(p)}
+    assert left == {}, f"left running: {left}"
+
+
+# --- the local trial's tunnel gateway ---------------------------------------------------------
+
+
+@contextmanager
+def _root_owned_state() -> Iterator[Path]:
+    """A state folder whose every parent is root's alone: sshd runs key commands only there."""
+    parent = Path(tempfile.mkdtemp(prefix="cloudgpu-runner-gw-", dir="/run"))
+    parent.chmod(0o755)  # the embedded Postgres' user and the key command's (nobody) enter it
+    try:
+        yield parent / "state"
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def _sign_in_renter(client: httpx.Client, run: Runner) -> None:
+    client.get("/login/")
+    client.post(
+        "/login/",
+        data={
+            "username": "renter",
+            "password": _demo_passwords(run)["renter"],
+            "csrfmiddlewaretoken": client.cookies["csrftoken"],
+        },
+        headers={"Referer": f"{run.base_url}/login/"},
+    )
+    client.headers.update({"X-CSRFToken": client.cookies["csrftoken"], "Referer": run.base_url})
+
+
+def _page_through_gateway(http_port: int, url: str) -> str | None:
+    """The URL's page as a browser gets it (*.localhost is loopback), or None while it fails."""
+    host = url.split("://", 1)[1].rstrip("/")
+    try:
+        page = httpx.get(f"http://127.0.0.1:{http_port}/", headers={"Host": host}, timeout=10)
+    except httpx.HTTPError:
+        return None
+    return page.text if page.status_code == 200 else None
+
+
+def test_the_local_trial_gives_a_rental_a_url_that_answers_through_the_gateway() -> None:
+    require_gateway()
+    ssh_port, http_port = free_port(), free_port()
+    ports = {"HUB_GATEWAY_SSH_PORT": str(ssh_port), "HUB_GATEWAY_HTTP_PORT": str(http_port)}
+    with _root_owned_state() as state, runner(state, **ports) as run:
+        wait_for(lambda: "Press Ctrl-C" in run.text(), timeout_s=60, what="the runner's summary")
+        assert f"gateway    rentals' URLs http://<id>-i.localhost:{http_port}/" in run.text()
+        assert "no tunnel gateway" not in run.text()
+        with httpx.Client(base_url=run.base_url, timeout=30, follow_redirects=True) as renter:
+            _sign_in_renter(renter, run)
+            # The demo agent's GPU is free, so a newcomer can rent it with no balance.
+            offer = wait_for(
+                lambda: next(iter(renter.get("/api/v1/offers/").json()), None),
+                timeout_s=60,
+                what="the demo agent's GPU offered",
+            )
+            assert offer["price_per_hour_micros"] == 0
+            rented = renter.post(
+                "/api/v1/leases/",
+                json={"gpu_ids": [offer["gpu_id"]], "image": "busybox", "ports": [8080]},
+            )
+            assert rented.status_code == 201, rented.text
+            lease_id = rented.json()["id"]
+
+            def running() -> dict[str, str] | None:
+                lease = renter.get(f"/api/v1/leases/{lease_id}/").json()
+                urls = lease["urls"]
+                return urls[0] if lease["state"] == "running" and urls[0]["state"] == "up" else None
+
+            url = wait_for(running, timeout_s=60, what="the lease running, its URL up")["url"]
+        assert re.fullmatch(rf"http://[a-z0-9]+-i\.localhost:{http_port}/", url), url
+        page = wait_for(
+            lambda: _page_through_gateway(http_port, url), timeout_s=30, what="the URL's page"
+        )
+        assert lease_id in page  # the mock runtime's page for this lease, through sshd + nginx
+
+        # The gateway is supervised like the other processes: killed, it comes back, and the
+        # agent's forward with it.
+        _direct_child(run, "hub.tunnels.gateway").kill()
+        wait_for(lambda: "gateway restarted" in run.text(), timeout_s=30, what="gateway restart")
+        page = wait_for(
+            lambda: _page_through_gateway(http_port, url),
+            timeout_s=90,
+            what="the URL answering through the restarted gateway",
+        )
+        assert lease_id in page
+        started = _started_processes(run)
+        assert any("nginx" in cmdline for cmdline in started.values())
 
         run.process.send_signal(signal.SIGINT)
         assert run.process.wait(timeout=90) == 0
