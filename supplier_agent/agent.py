@@ -187,6 +187,8 @@ class Agent:
                 self.state.drop_claim(lease_id)
         self.tunnels.forget_keys(keep=set(self.state.claims))
         await self._restart_tunnels()
+        if tunnel_tools_present():
+            self._spawn(self._refill_tunnel_key())  # the first rental's key, made ahead
         watcher_stop = threading.Event()
         loop = asyncio.get_running_loop()
         self._loop = loop
@@ -448,6 +450,12 @@ class Agent:
         self._pending_exits[message.lease_id] = message
         self._outbox.put_nowait(message)
 
+    async def _refill_tunnel_key(self) -> None:
+        try:
+            await self.tunnels.refill_spare()
+        except (OSError, CommandFailed) as exc:
+            log.info("could not make a spare tunnel key: %s", exc)
+
     def _note_tunnel_state(self, message: TunnelState) -> None:
         self._outbox.put_nowait(message)
 
@@ -549,7 +557,8 @@ class Agent:
             # The lease's tunnel key now, so the hub knows it before docker_run: the gateway then
             # takes the tunnel's first attempt, and docker_run can wait for it to be up.
             with contextlib.suppress(OSError, CommandFailed):
-                result["tunnel_public_key"] = await self.tunnels.ensure_key(command.lease_id)
+                result["tunnel_public_key"] = await self.tunnels.key_for_new_lease(command.lease_id)
+            self._spawn(self._refill_tunnel_key())
         return result
 
     async def _docker_run(self, command: DockerRun) -> dict[str, Any]:

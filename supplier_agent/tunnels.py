@@ -28,6 +28,8 @@ log = logging.getLogger("cloudgpu.tunnels")
 
 HOST_KEY_ALIAS = "cloudgpu-gateway"
 KEY_NAME = "id_ed25519"
+# A key made ahead of the next reserve (key_for_new_lease), beside the leases' folders.
+SPARE_FOLDER = "spare"
 BACKOFF_BASE_S = 1.0  # the first attempt is refused until the hub has recorded the key
 BACKOFF_CAP_S = 30.0
 STABLE_TUNNEL_S = 60.0  # a tunnel up this long was healthy: its next failure backs off afresh
@@ -181,12 +183,34 @@ class TunnelManager:
         fresh.replace(key)
         return public.read_text().strip()
 
+    async def key_for_new_lease(self, lease_id: str) -> str:
+        """The lease's public key line at reserve time, from the spare key made beforehand
+        when there is one (a rename, where ssh-keygen costs ~10 ms on the rent's path); call
+        ``refill_spare`` after, off that path."""
+        folder = self.lease_dir(lease_id)
+        spare = self.root / SPARE_FOLDER
+        if not (folder / KEY_NAME).exists() and (spare / KEY_NAME).exists():
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            try:
+                # Public half first: a key without its .pub is rebuilt by ensure_key; the
+                # reverse would leave a .pub without its key.
+                (spare / (KEY_NAME + ".pub")).replace(folder / (KEY_NAME + ".pub"))
+                (spare / KEY_NAME).replace(folder / KEY_NAME)
+            except FileNotFoundError:  # another reserve took it first
+                pass
+        return await self.ensure_key(lease_id)
+
+    async def refill_spare(self) -> None:
+        """Make the next lease's key ahead of time (see ``key_for_new_lease``)."""
+        if not (self.root / SPARE_FOLDER / KEY_NAME).exists():
+            await self.ensure_key(SPARE_FOLDER)
+
     def forget_keys(self, keep: set[str]) -> None:
         """Remove key folders of leases no longer held (a release missed while stopped)."""
         if not self.root.is_dir():
             return
         for folder in self.root.iterdir():
-            if folder.name not in keep and folder.name not in self._tunnels:
+            if folder.name not in keep | {SPARE_FOLDER} and folder.name not in self._tunnels:
                 shutil.rmtree(folder, ignore_errors=True)
 
     # --- supervisors ----------------------------------------------------------------------

@@ -443,3 +443,24 @@ def test_docker_run_with_a_tunnel_fails_clearly_without_ssh(tmp_path: Path) -> N
             "this host cannot open tunnels: the OpenSSH client (ssh) is not installed; "
             "apt install openssh-client"
         )
+
+
+def test_a_new_lease_takes_the_spare_key_and_a_new_spare_is_made(tmp_path: Path) -> None:
+    """The reserve's key comes from a key made beforehand (a rename, not an ssh-keygen on
+    the rent's path); each lease still gets a key of its own, and the spare is never a lease's."""
+    manager = TunnelManager(tmp_path, lambda message: None)
+
+    async def scenario() -> tuple[str, str, str]:
+        await manager.refill_spare()
+        spare = (manager.root / "spare" / "id_ed25519.pub").read_text().strip()
+        first = await manager.key_for_new_lease(str(uuid.uuid4()))
+        assert not (manager.root / "spare" / "id_ed25519").exists()
+        await manager.refill_spare()
+        second = await manager.key_for_new_lease(str(uuid.uuid4()))
+        return spare, first, second
+
+    spare, first, second = asyncio.run(scenario())
+    assert first == spare
+    assert second != first
+    manager.forget_keys(keep=set())  # a restart's tidy-up keeps the spare's folder
+    assert not any(p.name != "spare" for p in manager.root.iterdir())
