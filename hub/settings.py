@@ -485,3 +485,12 @@ if not 1024 <= TUNNEL_LISTEN_PORT_MIN <= TUNNEL_LISTEN_PORT_MAX <= 65535:
 TUNNEL_PORT_QUARANTINE_S = env_int("TUNNEL_PORT_QUARANTINE_S", 3600)
 # Renters' access tokens for protected URLs stay valid this long (the lease's end ends them).
 TUNNEL_ACCESS_TOKEN_MAX_AGE_S = env_int("TUNNEL_ACCESS_TOKEN_MAX_AGE_S", 30 * 24 * 3600)
+# The gateway's edge: how long a response may stay quiet before it is cut (the gateway reads the
+# same variable). Refused here too below the gateway's floor (gateway_config.TIMEOUT_FLOOR_S), so
+# a shared .env that would cut long generations fails loudly wherever it is read.
+TUNNEL_EDGE_TIMEOUT_S = env_int("TUNNEL_EDGE_TIMEOUT_S", 900)
+if TUNNEL_EDGE_TIMEOUT_S < 620:
+    raise ImproperlyConfigured(
+        f"TUNNEL_EDGE_TIMEOUT_S {TUNNEL_EDGE_TIMEOUT_S} is below 620 s: the edge would cut long "
+        "generations that stay quiet that long (default 900)"
+    )

@@ -28,6 +28,7 @@ from hub.lib.env import EnvError, env_secret
 from hub.lib.supervise import Supervisor
 from hub.tunnels.gateway_config import (
     DEFAULT_TIMEOUT_S,
+    TIMEOUT_FLOOR_S,
     GatewayOptions,
     keys_command_wrapper,
     render_nginx_config,
@@ -178,6 +179,8 @@ def run(options: GatewayOptions, secret: str, ready: Path | None = None) -> int:
     signal.signal(signal.SIGINT, stop)
     try:
         listener.start()
+        # A socket left by an nginx that was killed would make this one's listen fail.
+        options.route_cache_socket.unlink(missing_ok=True)
         supervisor.start(
             "nginx", ["nginx", "-c", str(folder / "nginx.conf")], stop_signal=signal.SIGQUIT
         )
@@ -250,7 +253,13 @@ def main(argv: list[str] | None = None) -> int:
         "--timeout",
         type=int,
         default=int(os.environ.get("TUNNEL_EDGE_TIMEOUT_S", DEFAULT_TIMEOUT_S)),
-        help="seconds a response may go quiet before the edge gives up (default 900)",
+        help="seconds a response may go quiet before the edge gives up (default 900, at least "
+        f"{TIMEOUT_FLOOR_S})",
+    )
+    run_parser.add_argument(
+        "--allow-short-timeout",
+        action="store_true",
+        help=f"tests only: let --timeout go below {TIMEOUT_FLOOR_S} s to see the edge cut",
     )
     run_parser.add_argument("--tls-cert", type=Path)
     run_parser.add_argument("--tls-key", type=Path)
@@ -278,12 +287,14 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.timeout < 620:
+    if args.timeout < TIMEOUT_FLOOR_S and not args.allow_short_timeout:
         print(
-            f"tunnel gateway: warning: --timeout {args.timeout} cuts responses quiet for longer; "
-            "renters expect at least 620 s (default 900)",
+            f"tunnel gateway: --timeout (TUNNEL_EDGE_TIMEOUT_S) {args.timeout} is below "
+            f"{TIMEOUT_FLOOR_S} s: long generations that stay quiet that long would be cut "
+            f"(default {DEFAULT_TIMEOUT_S})",
             file=sys.stderr,
         )
+        return 2
     ssh_host, _, ssh_port = args.ssh_listen.rpartition(":")
     http_host, _, http_port = args.http_listen.rpartition(":")
     options = GatewayOptions(

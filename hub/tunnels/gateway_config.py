@@ -10,12 +10,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-# Responses are never cut before this (issue: >= 620 s); idle WebSockets and long streams
-# (token streaming, notebooks' kernels) live within it.
+# Responses are never cut before this; idle WebSockets and long streams (token streaming,
+# notebooks' kernels) live within it.
 DEFAULT_TIMEOUT_S = 900
+# The least the edge may be set to (TUNNEL_EDGE_TIMEOUT_S; the hub's settings and the gateway
+# refuse less): a long generation may stay silent for ten minutes before its first byte.
+TIMEOUT_FLOOR_S = 620
 # How long the edge reuses the hub's "host -> port" answer: an ended lease's URL may route for
 # this long after its end (to a port that no new lease gets for an hour: TUNNEL_PORT_QUARANTINE_S).
 ROUTE_CACHE_S = 2
+# How long nginx keeps an answer no one asked for: it is stale after ROUTE_CACHE_S anyway.
+ROUTE_CACHE_INACTIVE_S = 2 * ROUTE_CACHE_S
+# Headers from the edge to the hub's page: why the edge asks for it, and its limit.
+EDGE_ERROR_HEADER = "X-CloudGPU-Edge-Error"
+EDGE_TIMEOUT_HEADER = "X-CloudGPU-Edge-Timeout"
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,10 @@ class GatewayOptions:
     @property
     def keys_command(self) -> Path:
         return self.folder / "authorized-keys"
+
+    @property
+    def route_cache_socket(self) -> Path:
+        return self.folder / "tmp" / "routes.sock"
 
 
 def _renter_block(user: str) -> str:
@@ -120,6 +132,30 @@ def _listen(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def _hub_headers(secret: str, netloc: str, forwarded_for: str, scheme: str) -> str:
+    return f"""        proxy_set_header Host {netloc};
+        proxy_set_header X-CloudGPU-Gateway-Secret "{secret}";
+        proxy_set_header X-CloudGPU-Tunnel-Host $host;
+        proxy_set_header X-Forwarded-For {forwarded_for};
+        proxy_set_header X-Forwarded-Proto {scheme};
+        proxy_set_header Connection "";"""
+
+
+def _page_location(name: str, hub_headers: str, error: str, timeout_s: int) -> str:
+    # The edge's own header, never the client's: a renter cannot pick the page.
+    return f"""        location {name} {{
+            rewrite ^ /internal/tunnels/edge/page break;
+            proxy_pass http://cloudgpu_hub;
+            proxy_method GET;
+            proxy_http_version 1.1;
+            proxy_pass_request_body off;
+            proxy_set_header Content-Length "";
+            proxy_set_header {EDGE_ERROR_HEADER} "{error}";
+            proxy_set_header {EDGE_TIMEOUT_HEADER} "{timeout_s}";
+{hub_headers}
+        }}"""
+
+
 def render_nginx_config(options: GatewayOptions, secret: str) -> str:
     folder = options.folder
     hub = urlsplit(options.hub_url)
@@ -135,15 +171,16 @@ def render_nginx_config(options: GatewayOptions, secret: str) -> str:
         if tls
         else ""
     )
-    hub_headers = f"""        proxy_set_header Host {hub.netloc};
-        proxy_set_header X-CloudGPU-Gateway-Secret "{secret}";
-        proxy_set_header X-CloudGPU-Tunnel-Host $host;
-        proxy_set_header X-Forwarded-For $remote_addr;
-        proxy_set_header X-Forwarded-Proto {scheme};
-        proxy_set_header Connection "";"""
+    hub_headers = _hub_headers(secret, hub.netloc, "$remote_addr", scheme)
+    # The route cache's server hears the edge, not the client: the client's address and scheme
+    # come in the edge's headers.
+    cache_hub_headers = _hub_headers(
+        secret, hub.netloc, "$http_x_forwarded_for", "$http_x_forwarded_proto"
+    )
     timeout = f"{options.timeout_s}s"
     # Everything that decides the answer: the host name and every place a token may be.
     cache_key = "$host|$http_authorization|$http_x_cloudgpu_access|$cookie_cloudgpu_access"
+    socket = options.route_cache_socket
     return f"""# Written by `python -m hub.tunnels.gateway`; edits are overwritten on start.
 worker_processes {options.nginx_workers};
 daemon off;
@@ -155,8 +192,12 @@ events {{
 }}
 
 http {{
-    # Paths only, never query strings: a renter's app may put secrets in its URLs.
-    log_format edge '$remote_addr [$time_local] "$request_method $host$uri" $status '
+    # Paths only, never query strings: a renter's app may put secrets in its URLs. The path is
+    # the renter's request line's ($uri becomes the hub page's when the edge shows one).
+    map $request_uri $edge_path {{
+        "~^(?<edge_req_path>[^?]*)" $edge_req_path;
+    }}
+    log_format edge '$remote_addr [$time_local] "$request_method $host$edge_path" $status '
                     '$body_bytes_sent $request_time';
     access_log {folder / "logs" / "access.log"} edge;
     client_body_temp_path {folder / "tmp" / "body"};
@@ -170,7 +211,7 @@ http {{
     # The hub's route answers, kept {ROUTE_CACHE_S} s per host name and credentials: a page
     # loading 50 assets asks the hub once. Only "yes, port N" is kept; refusals never are.
     proxy_cache_path {folder / "tmp" / "routes"} levels=1:2 keys_zone=cloudgpu_routes:10m
-                     max_size=64m inactive=60s use_temp_path=off;
+                     max_size=64m inactive={ROUTE_CACHE_INACTIVE_S}s use_temp_path=off;
 
     map $http_upgrade $connection_upgrade {{
         default upgrade;
@@ -182,15 +223,20 @@ http {{
         keepalive 32;
     }}
 
-    server {{
-        listen {listen} default_server;
-        server_name _;
-{tls_lines}        # The renter's service decides what it accepts (uploads of model weights, say).
-        client_max_body_size 0;
+    upstream cloudgpu_route_cache {{
+        server unix:{socket};
+        keepalive 32;
+    }}
 
-        # The hub's answer for this host name: 204 and the gateway port, or 403 (page below).
+    # The route cache, as a server of its own on a socket only nginx uses. A cached answer read
+    # by a request's auth_request stays locked until that request ends, and nginx's cache
+    # manager logs "[alert] ignore long locked inactive cache entry" every inactive period for
+    # each one a long stream or WebSocket holds; here each lookup is a short request of its own.
+    server {{
+        listen unix:{socket};
+        access_log off;
+
         location = /__cloudgpu/auth {{
-            internal;
             proxy_pass http://cloudgpu_hub/internal/tunnels/edge/auth;
             proxy_http_version 1.1;
             proxy_pass_request_body off;
@@ -200,7 +246,28 @@ http {{
             proxy_cache_valid 204 {ROUTE_CACHE_S}s;
             proxy_cache_lock on;
             proxy_ignore_headers Cache-Control Expires Set-Cookie Vary;
-{hub_headers}
+{cache_hub_headers}
+        }}
+    }}
+
+    server {{
+        listen {listen} default_server;
+        server_name _;
+{tls_lines}        # The renter's service decides what it accepts (uploads of model weights, say).
+        client_max_body_size 0;
+
+        # The hub's answer for this host name (through the route cache): 204 and the gateway
+        # port, or 403 (page below).
+        location = /__cloudgpu/auth {{
+            internal;
+            proxy_pass http://cloudgpu_route_cache;
+            proxy_http_version 1.1;
+            proxy_pass_request_body off;
+            proxy_set_header Content-Length "";
+            proxy_set_header Host $host;
+            proxy_set_header X-Forwarded-For $remote_addr;
+            proxy_set_header X-Forwarded-Proto {scheme};
+            proxy_set_header Connection "";
         }}
 
         # A protected URL's token form; the hub sets the access cookie for this host.
@@ -211,20 +278,17 @@ http {{
         }}
 
         # Unknown id (404), token needed (401), tunnel down or service not answering (502).
-        location @cloudgpu_page {{
-            rewrite ^ /internal/tunnels/edge/page break;
-            proxy_pass http://cloudgpu_hub;
-            proxy_method GET;
-            proxy_http_version 1.1;
-            proxy_pass_request_body off;
-            proxy_set_header Content-Length "";
-{hub_headers}
-        }}
+{_page_location("@cloudgpu_page", hub_headers, "", options.timeout_s)}
+
+        # The service took the request but sent nothing for longer than the limit (504).
+{_page_location("@cloudgpu_quiet", hub_headers, "quiet", options.timeout_s)}
 
         location / {{
             auth_request /__cloudgpu/auth;
             auth_request_set $tunnel_port $upstream_http_x_cloudgpu_tunnel_port;
-            error_page 401 403 500 502 503 504 = @cloudgpu_page;
+            error_page 401 403 500 502 503 = @cloudgpu_page;
+            # Only the proxy below times out with 504 (auth_request turns its own into 500).
+            error_page 504 = @cloudgpu_quiet;
 
             proxy_pass http://127.0.0.1:$tunnel_port;
             proxy_http_version 1.1;

@@ -14,6 +14,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods
 
 from hub.tunnels import access, renter_ssh, services
+from hub.tunnels.gateway_config import EDGE_ERROR_HEADER, EDGE_TIMEOUT_HEADER
 from hub.tunnels.services import Route
 
 SECRET_HEADER = "X-CloudGPU-Gateway-Secret"  # noqa: S105 - a header name
@@ -72,9 +73,13 @@ def edge_page(request: HttpRequest) -> HttpResponse:
         return render(request, "tunnels/not_found.html", context, status=404)
     if found.status == 401:
         return render(request, "tunnels/access.html", context, status=401)
+    context["tunnel_state"] = found.tunnel.get_state_display() if found.tunnel else ""
+    if found.listen_port is not None and request.headers.get(EDGE_ERROR_HEADER) == "quiet":
+        # The service took the request and then sent nothing for longer than the edge's limit.
+        context["limit_s"] = request.headers.get(EDGE_TIMEOUT_HEADER, "")
+        return render(request, "tunnels/quiet.html", context, status=504)
     # Routable, yet the edge could not get through (the container's port does not answer), or
     # not routable because the lease or its tunnel is not up: 502 naming the state either way.
-    context["tunnel_state"] = found.tunnel.get_state_display() if found.tunnel else ""
     return render(request, "tunnels/unavailable.html", context, status=502)
 
 

@@ -68,6 +68,12 @@ echo "start"
 sleep {EDGE_TIMEOUT_S + 3}
 echo "end"
 """
+# Nothing at all, not even headers, for longer than the limit (a long generation's reply).
+_HUSH = f"""#!/bin/sh
+sleep {EDGE_TIMEOUT_S + 3}
+printf 'Content-Type: text/plain\\r\\n\\r\\n'
+echo "too late"
+"""
 
 
 @pytest.fixture(scope="session")
@@ -83,6 +89,7 @@ def tunnel_app_image(docker_client: object) -> str:
         "start.sh": (_START.encode(), 0o755),
         "stream": (_STREAM.encode(), 0o755),
         "silent": (_SILENT.encode(), 0o755),
+        "hush": (_HUSH.encode(), 0o755),
         "index8080.html": (b"port 8080 answers\n", 0o644),
         "index8081.html": (b"port 8081 answers\n", 0o644),
     }
@@ -96,6 +103,7 @@ COPY start.sh /app/start.sh
 COPY index8080.html /www/index.html
 COPY stream /www/cgi-bin/stream
 COPY silent /www/cgi-bin/silent
+COPY hush /www/cgi-bin/hush
 COPY index8081.html /www2/index.html
 CMD ["/bin/sh", "/app/start.sh"]
 """
@@ -384,10 +392,40 @@ def test_a_response_quiet_for_longer_than_the_idle_limit_is_cut(
     assert "end" not in body
 
 
+def test_a_response_quiet_from_its_start_for_longer_than_the_limit_gets_504_saying_so(
+    world: World, web_app: Rental
+) -> None:
+    public_id = web_app.tunnels[8080].public_id
+    quiet = world.gateway.get(public_id, "/cgi-bin/hush", timeout=60)
+    assert quiet.status_code == 504
+    assert f"sent nothing for longer than this address's limit of {EDGE_TIMEOUT_S} s" in quiet.text
+    assert "nothing in the container answers" not in quiet.text
+    access_log = world.gateway.folder / "logs" / "access.log"
+    line = f'"GET {public_id}-i.tunnels.test/cgi-bin/hush" 504'
+    wait_for(lambda: line in access_log.read_text(), timeout_s=10, what="the access log line")
+
+
+def test_a_long_request_leaves_the_edge_s_route_cache_unlocked(
+    world: World, web_app: Rental
+) -> None:
+    """A request whose route came from the cache held that entry until it ended, and nginx
+    logged "[alert] ignore long locked inactive cache entry" every inactive period meanwhile."""
+    public_id = web_app.tunnels[8080].public_id
+    assert world.gateway.get(public_id).status_code == 200  # the route is cached
+    streamed = world.gateway.get(public_id, "/cgi-bin/stream", timeout=60)  # read from it
+    assert "done after" in streamed.text  # outlasts the cache's inactive time (4 s)
+    assert "long locked" not in world.gateway.log.read_text()
+
+
 def test_an_unknown_id_gets_the_404_page(world: World) -> None:
-    unknown = world.gateway.get("nosuchtunnel")
+    unknown = world.gateway.get("nosuchtunnel", "/some/page?key=s3cr3t")
     assert unknown.status_code == 404
     assert "No service at this address" in unknown.text
+    # The renter's path is logged (not the hub page's that answered), without its query.
+    access_log = world.gateway.folder / "logs" / "access.log"
+    line = '"GET nosuchtunnel-i.tunnels.test/some/page" 404'
+    wait_for(lambda: line in access_log.read_text(), timeout_s=10, what="the access log line")
+    assert "s3cr3t" not in access_log.read_text()
 
 
 # --- the gateway's sshd -------------------------------------------------------------------------

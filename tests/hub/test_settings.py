@@ -138,3 +138,10 @@ def test_a_secret_key_shorter_than_the_message_says_is_refused() -> None:
     assert result.returncode != 0
     assert "50+ characters" in result.stderr
     assert _manage(_without_secrets(SECRET_KEY="k" * 50, DEBUG="0"), "check").returncode == 0
+
+
+def test_an_edge_timeout_below_620_s_is_refused() -> None:
+    result = _manage(hub_env(DEBUG="1", TUNNEL_EDGE_TIMEOUT_S="619"), "check")
+    assert result.returncode != 0
+    assert "TUNNEL_EDGE_TIMEOUT_S 619 is below 620 s" in result.stderr
+    assert _manage(hub_env(DEBUG="1", TUNNEL_EDGE_TIMEOUT_S="620"), "check").returncode == 0
