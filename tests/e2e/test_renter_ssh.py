@@ -25,6 +25,7 @@ import pytest
 from hub.accounts.api_tokens import create_api_token
 from hub.accounts.models import User
 from hub.accounts.ssh_keys import add_ssh_key
+from hub.catalog.models import Template
 from hub.leases.models import Lease
 from hub.lib.ports import free_port, wait_for_port
 from hub.suppliers.models import Host
@@ -35,6 +36,8 @@ from tests.support.gateway import Gateway
 from tests.support.hub_stack import HubStack
 from tests.support.polling import wait_for
 from tests.support.sshd import RENTER_USER, TUNNEL_USER, generate_key
+from tests.support.sshd_image import COMMAND as SSHD_COMMAND
+from tests.support.sshd_image import build_sshd_image
 
 pytestmark = [pytest.mark.django_db, pytest.mark.docker]
 
@@ -72,6 +75,7 @@ class World:
     bob: Renter
     alice_lease: Lease  # ports 22 and 5432
     bob_lease: Lease  # port 5432
+    alice_sshd_lease: Lease  # a real sshd on port 22, from a template that gets her keys
     # Alice's API token (read, leases), made with the world: a test's own writes stay in its
     # rolled-back transaction, unseen by the hub, so tests change things through the hub.
     alice_token: str
@@ -132,14 +136,43 @@ def world(
     folder = tmp_path_factory.mktemp("renter-ssh")
     supplier = User.objects.create_user(username=f"supplier-{uuid.uuid4().hex[:6]}")
     alice, bob = _renter(folder, "alice"), _renter(folder, "bob")
+    host_key = folder / "sshd-host-key"
+    generate_key(host_key, "sshd in the rental")
+    template = Template.objects.create(
+        slug=f"test-sshd-{uuid.uuid4().hex[:6]}",
+        name="sshd (test)",
+        image=build_sshd_image(docker_client, busybox_image, host_key),
+        ports=[22],
+        command=["sh", "-c", SSHD_COMMAND],
+        authorized_keys_env="PUBLIC_KEY",
+    )
     with tunnel_world(
-        folder, supplier, gpus=2, renter_max_connection_s=RENTER_MAX_CONNECTION_S
+        folder, supplier, gpus=3, renter_max_connection_s=RENTER_MAX_CONNECTION_S
     ) as (stack, gateway, _state, _agent):
         try:
             alice_lease = _rent(stack, alice.user, 0, busybox_image, 22, 5432)
             bob_lease = _rent(stack, bob.user, 1, busybox_image, 5432)
             _, token = create_api_token(alice.user, "e2e", ["read", "leases"])
-            yield World(stack, gateway, folder, alice, bob, alice_lease, bob_lease, token)
+            (host_id,) = Host.objects.filter(status="online").values_list("pk", flat=True)
+            # Through the API, as a script would: the template adds her account's keys.
+            answer = httpx.post(
+                f"{stack.url()}/api/v1/leases/",
+                json={"host_id": host_id, "gpu_indices": [2], "template": template.slug},
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=60,
+            )
+            assert answer.status_code == 201, answer.text
+            sshd_lease = wait_for(
+                lambda: Lease.objects.filter(
+                    pk=answer.json()["id"], state__in=["running", "failed", "ended"]
+                ).first(),
+                timeout_s=120,
+                what="the sshd rental to run",
+            )
+            assert sshd_lease.state == "running", sshd_lease.failure_reason
+            yield World(
+                stack, gateway, folder, alice, bob, alice_lease, bob_lease, sshd_lease, token
+            )
         finally:
             for container in docker_client.containers.list(  # type: ignore[attr-defined]
                 all=True, filters={"label": "cloudgpu.lease"}
@@ -179,6 +212,40 @@ def test_the_renter_s_key_reaches_port_22_of_their_lease_as_proxyjump_does(world
     done = _through(world, world.alice.key, world.listen(world.alice_lease, 22))
     assert done.returncode == 0, done.stderr
     assert "port 22 answers" in done.stdout
+
+
+def test_the_renter_logs_in_to_a_rental_running_sshd_with_the_key_on_their_account(
+    world: World,
+) -> None:
+    """ssh -J as the lease page's Host block says: the jump to the gateway as cloudgpu-ssh, then
+    a real SSH login to the rental's sshd, with the key the template put there."""
+    listen = world.listen(world.alice_sshd_lease, 22)
+    common = [
+        "-F", "/dev/null", "-i", str(world.alice.key), "-o", "IdentitiesOnly=yes",
+        "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+        "-o", "UserKnownHostsFile=/dev/null",
+    ]  # fmt: skip
+    gateway = [f"{RENTER_USER}@127.0.0.1"]
+    jump = " ".join(["ssh", *common, "-p", str(world.gateway.ssh_port), "-W", "%h:%p", *gateway])
+    rental = ["-o", f"ProxyCommand={jump}", "-p", str(listen), "root@127.0.0.1"]
+    done = subprocess.run(
+        ["ssh", *common, *rental, "echo logged-in-$((6*7)) as $(id -u)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "logged-in-42 as 0" in done.stdout
+    # Bob's key is not in Alice's rental.
+    refused = subprocess.run(
+        ["ssh", *common[:2], "-i", str(world.bob.key), *common[4:], *rental, "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode != 0
 
 
 def test_ssh_l_reaches_another_declared_port(world: World) -> None:
