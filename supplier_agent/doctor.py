@@ -1,14 +1,20 @@
 """``cloudgpu-agent doctor``: what this host can offer, and what to fix.
 
 Rows: host, Docker, NVIDIA driver, container toolkit (warn below 1.17.8, CVE-2025-23266), GPU,
-the OpenSSH client that renters' tunnels need, and Docker's disk (warn below the disk floor).
+CUDA (the driver API version NVML reports), NCCL (whether the host has libnccl), the OpenSSH
+client that renters' tunnels need, and Docker's disk (warn below the disk floor).
 The GPU row is ``n/a`` on a CPU-only box (not a failure), ``ok`` when NVML works and (if the
 probe image is already local) a ``--gpus all`` container sees the GPU, ``fail`` when the host
 has a GPU that containers cannot get. The probe never pulls an image.
+
+The full report is text to read: it exits 0 once printed, whatever its rows say (seed 003: not
+a hardware health bit). ``--connectivity`` skips the GPU, CUDA and NCCL rows, tries one
+handshake with the hub (10 s budget) and exits as ``smoke`` does: 0, 3, 4 or 1.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -83,26 +89,58 @@ def _gpu_rows(client: object | None) -> list[Row]:
     try:
         gpus = nvml.gpus()
         driver = nvml.driver_version()
+        cuda = nvml.cuda_version()
         reason = nvml.unavailable_reason
     finally:
         nvml.shutdown()
     driver_row = Row("nvidia driver", "ok" if driver else "n/a", driver or (reason or "not found"))
+    # Images bring their own CUDA runtime; what the host decides is the newest it can run.
+    cuda_row = Row(
+        "cuda",
+        "ok" if cuda else "n/a",
+        f"driver API {cuda}: images built for CUDA up to {cuda} run here"
+        if cuda
+        else "no NVIDIA driver: no CUDA",
+    )
+    rows = [driver_row, cuda_row, _nccl_row()]
     if not gpus:
         return [
-            driver_row,
+            *rows,
             Row("gpu", "n/a", "no NVIDIA GPU found (a CPU-only host can still run the agent)"),
         ]
     names = ", ".join(f"{g.index}: {g.name}" for g in gpus)
     if client is None:
-        return [driver_row, Row("gpu", "fail", f"{names}; Docker is unreachable")]
+        return [*rows, Row("gpu", "fail", f"{names}; Docker is unreachable")]
     from supplier_agent.containers import nvidia_runtime_available
 
     if not nvidia_runtime_available(client):
         return [
-            driver_row,
+            *rows,
             Row("gpu", "fail", f"{names}; containers cannot get GPUs: {TOOLKIT_FIX}"),
         ]
-    return [driver_row, _probe(client, names)]
+    return [*rows, _probe(client, names)]
+
+
+def _nccl_row() -> Row:
+    """Whether the host's loader finds NCCL (multi-GPU rentals' images usually bring their own,
+    so absence is not a failure) and which version it says it is."""
+    try:
+        library = ctypes.CDLL("libnccl.so.2")
+    except OSError:
+        return Row("nccl", "n/a", "libnccl.so.2 not on this host (images bring their own)")
+    code = ctypes.c_int(0)
+    try:
+        result = library.ncclGetVersion(ctypes.byref(code))
+    except AttributeError:
+        return Row("nccl", "warn", "libnccl.so.2 found but has no ncclGetVersion")
+    if result != 0:
+        return Row("nccl", "warn", f"libnccl.so.2 found; ncclGetVersion failed ({result})")
+    # NCCL_VERSION_CODE: major*10000 + minor*100 + patch since 2.9 (major*1000 before).
+    value = code.value
+    major, rest = (
+        (value // 10000, value % 10000) if value >= 20900 else (value // 1000, value % 1000)
+    )
+    return Row("nccl", "ok", f"{major}.{rest // 100}.{rest % 100} (libnccl.so.2)")
 
 
 def _probe(client: object, names: str) -> Row:
@@ -208,22 +246,26 @@ def _egress_row(client: object | None, state: str | None) -> Row:
     )
 
 
-def _connectivity_row(state: str | None) -> Row:
+def _connectivity_row(state: str | None) -> tuple[Row, int]:
+    """The hub row and ``smoke``'s exit code for the same handshake."""
     from supplier_agent.config import ConfigError, load
     from supplier_agent.smoke import run_smoke
 
     try:
         config = load({"state": state})
     except ConfigError as exc:
-        return Row("hub", "fail", str(exc))
+        return Row("hub", "fail", str(exc)), 1
     code = run_smoke(config)
     meaning = {0: "handshake ok", 3: "no answer in 10 s", 4: "token rejected"}
-    return Row(
+    row = Row(
         "hub", "ok" if code == 0 else "fail", f"{config.ws_url}: {meaning.get(code, 'error')}"
     )
+    return row, code
 
 
 def run_doctor(state: str | None, *, connectivity: bool) -> int:
+    """Print the report. The full one exits 0 (it is read, not tested); ``--connectivity``
+    exits with ``smoke``'s code for its handshake."""
     host = read_host_info()
     rows = [
         Row("agent", "ok", __version__),
@@ -236,18 +278,24 @@ def run_doctor(state: str | None, *, connectivity: bool) -> int:
     ]
     docker_row, client = _docker_row()
     rows.append(docker_row)
-    rows.append(_toolkit_row())
-    rows.extend(_gpu_rows(client))
+    if not connectivity:
+        rows.append(_toolkit_row())
+        rows.extend(_gpu_rows(client))
     rows.append(_ssh_row())
     rows.append(_docker_disk_row(client, state))
     rows.append(_egress_row(client, state))
     if Path("/var/lock").is_dir() and not os.access("/var/lock", os.W_OK):
         rows.append(Row("locks", "warn", "/var/lock is not writable: run the agent as root"))
+    code = 0
     if connectivity:
-        rows.append(_connectivity_row(state))
+        hub_row, code = _connectivity_row(state)
+        rows.append(hub_row)
     width = max(len(row.name) for row in rows)
     for row in rows:
         print(f"{row.name:<{width}}  {row.status:<4}  {row.detail}")
     if client is not None:
         client.close()  # type: ignore[attr-defined]
-    return 1 if any(row.status == "fail" for row in rows) else 0
+    failed = sum(row.status == "fail" for row in rows)
+    if failed and not connectivity:
+        print(f"\n{failed} row(s) fail: see their fixes above (the exit code stays 0)")
+    return code

@@ -1,19 +1,21 @@
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.support.agents import AGENT, agent_env
+from tests.support.agents import AGENT, agent_env, configure, new_token
 from tests.support.fake_gpus import FakeGpuTable, fake_nvml_env
+from tests.support.hub_peer import HubPeer
 
 pytestmark = pytest.mark.docker
 
 
-def _doctor(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _doctor(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [AGENT, "doctor"], capture_output=True, text=True, env=env, timeout=120, check=False
+        [AGENT, "doctor", *args], capture_output=True, text=True, env=env, timeout=120, check=False
     )
 
 
@@ -38,7 +40,8 @@ def test_a_host_without_the_openssh_client_fails_with_the_fix(
     no_tools.mkdir()
     env = agent_env(PATH=str(no_tools), **fake_nvml_env(tmp_path / "no-such-table.json"))
     result = _doctor(env)
-    assert result.returncode == 1
+    assert result.returncode == 0  # a report, not a health bit
+    assert "row(s) fail: see their fixes above" in result.stdout
     ssh = _row(result.stdout, "ssh")
     assert ssh.split()[1] == "fail"
     assert "apt install openssh-client" in ssh
@@ -49,8 +52,76 @@ def test_a_gpu_that_containers_cannot_reach_fails_with_the_fix(
 ) -> None:
     table = FakeGpuTable.create(tmp_path / "gpus.json", gpu_count=1)
     result = _doctor(agent_env(**fake_nvml_env(table.path)))
-    assert result.returncode == 1
+    assert result.returncode == 0, result.stdout + result.stderr
     gpu = _row(result.stdout, "gpu")
     assert gpu.split()[1] == "fail"
     assert "nvidia-container-toolkit" in gpu
     assert "570.86.15" in _row(result.stdout, "nvidia driver")
+
+
+def test_the_full_report_shows_cuda_s_driver_api_and_whether_nccl_is_there(
+    tmp_path: Path, docker_client: object
+) -> None:
+    table = FakeGpuTable.create(tmp_path / "gpus.json", gpu_count=1)  # driver API 12080
+    result = _doctor(agent_env(**fake_nvml_env(table.path)))
+    assert _row(result.stdout, "cuda").split()[1:3] == ["ok", "driver"]
+    assert "driver API 12.8" in _row(result.stdout, "cuda")
+    assert _row(result.stdout, "nccl").split()[1] == "n/a"  # no libnccl on this machine
+
+
+def test_the_nccl_row_names_the_version_the_library_reports(
+    tmp_path: Path, docker_client: object
+) -> None:
+    # NVIDIA's library is not on the test machine: a stand-in with its one entry point.
+    if shutil.which("cc") is None:
+        pytest.fail("a C compiler is needed to build the stand-in libnccl (apt install gcc)")
+    source = tmp_path / "nccl.c"
+    source.write_text("int ncclGetVersion(int *version) { *version = 22105; return 0; }\n")
+    libs = tmp_path / "lib"
+    libs.mkdir()
+    subprocess.run(
+        ["cc", "-shared", "-fPIC", "-o", str(libs / "libnccl.so.2"), str(source)], check=True
+    )
+    env = agent_env(LD_LIBRARY_PATH=str(libs), **fake_nvml_env(tmp_path / "no-such-table.json"))
+    nccl = _row(_doctor(env).stdout, "nccl")
+    assert nccl.split()[1:3] == ["ok", "2.21.5"]
+
+
+def _configured(tmp_path: Path, url: str, token: str) -> Path:
+    state = tmp_path / "state"
+    assert configure(state, url, token, "--runtime", "mock").returncode == 0
+    return state
+
+
+def test_connectivity_skips_gpu_rows_and_exits_0_after_a_handshake(
+    tmp_path: Path, docker_client: object
+) -> None:
+    token = new_token()
+    with HubPeer(token) as hub:
+        state = _configured(tmp_path, hub.url, token)
+        result = _doctor(agent_env(), "--connectivity", "--state", str(state))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert _row(result.stdout, "hub").split()[1] == "ok"
+    names = {line.split()[0] for line in result.stdout.splitlines() if line.strip()}
+    assert not names & {"gpu", "cuda", "nccl", "nvidia"}, result.stdout
+
+
+def test_connectivity_exits_4_when_the_token_is_rejected(
+    tmp_path: Path, docker_client: object
+) -> None:
+    with HubPeer(new_token()) as hub:
+        state = _configured(tmp_path, hub.url, new_token())
+        result = _doctor(agent_env(), "--connectivity", "--state", str(state))
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "token rejected" in _row(result.stdout, "hub")
+
+
+def test_connectivity_exits_3_when_the_hub_does_not_answer_in_10_s(
+    tmp_path: Path, docker_client: object
+) -> None:
+    token = new_token()
+    with HubPeer(token, behaviour="silent") as hub:
+        state = _configured(tmp_path, hub.url, token)
+        result = _doctor(agent_env(), "--connectivity", "--state", str(state))
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "no answer in 10 s" in _row(result.stdout, "hub")
