@@ -155,6 +155,22 @@ def _start_agent(
     )  # fmt: skip
 
 
+def start_docker_agent(hub: common.Hub, token: str, folder: Path) -> subprocess.Popen[bytes]:
+    """A real agent with the Docker runtime and one fake GPU (fake NVML, no device passed to
+    containers), its state in ``folder``."""
+    from tests.support.fake_gpus import FakeGpuTable, fake_nvml_env
+
+    table = FakeGpuTable.create(folder / "gpus.json", gpu_count=1)
+    (folder / "locks").mkdir()
+    return _start_agent(
+        hub,
+        token,
+        folder / "agent",
+        ["--gpu-devices", "none", "--lock-dir", str(folder / "locks")],
+        agent_env(**fake_nvml_env(table.path)),
+    )
+
+
 def agent_env(**extra: str) -> dict[str, str]:
     """An agent gets none of the hub's settings or secrets."""
     import os
@@ -239,8 +255,6 @@ def mock(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def docker(args: argparse.Namespace) -> dict[str, Any]:
-    from tests.support.fake_gpus import FakeGpuTable, fake_nvml_env
-
     env = common.bench_env()
     common.prepare(env)
     result: dict[str, Any] = {"figure": "rent to running (docker)", "machine": common.machine()}
@@ -261,15 +275,7 @@ def docker(args: argparse.Namespace) -> dict[str, Any]:
         tempfile.TemporaryDirectory(prefix="cloudgpu-bench-docker-") as folder,
     ):
         supplier, renter, token = _people(env, "docker")
-        table = FakeGpuTable.create(Path(folder) / "gpus.json", gpu_count=1)
-        (Path(folder) / "locks").mkdir()
-        process = _start_agent(
-            hub,
-            token,
-            Path(folder) / "agent",
-            ["--gpu-devices", "none", "--lock-dir", str(Path(folder) / "locks")],
-            agent_env(**fake_nvml_env(table.path)),
-        )
+        process = start_docker_agent(hub, token, Path(folder))
         try:
             host = _wait_online(supplier)
             rent = _rent_to_running(renter, host, spec, args.leases)

@@ -28,7 +28,7 @@ from typing import Any
 from websockets.sync.client import connect
 
 from bench import common
-from bench.dispatch import _people, _start_agent, _wait_online, _wait_state, agent_env
+from bench.dispatch import _people, _wait_online, _wait_state, start_docker_agent
 
 WARMUP_KEYS = 20
 
@@ -77,8 +77,6 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=300)
     args = parser.parse_args()
 
-    from tests.support.fake_gpus import FakeGpuTable, fake_nvml_env
-
     env = common.bench_env()
     common.prepare(env)
     result: dict[str, Any] = {"figure": "terminal keystroke to echo", "machine": common.machine()}
@@ -94,15 +92,7 @@ def main() -> None:
         tempfile.TemporaryDirectory(prefix="cloudgpu-bench-terminal-") as folder,
     ):
         supplier, renter, token = _people(env, "terminal")
-        table = FakeGpuTable.create(Path(folder) / "gpus.json", gpu_count=1)
-        (Path(folder) / "locks").mkdir()
-        process = _start_agent(
-            hub,
-            token,
-            Path(folder) / "agent",
-            ["--gpu-devices", "none", "--lock-dir", str(Path(folder) / "locks")],
-            agent_env(**fake_nvml_env(table.path)),
-        )
+        process = start_docker_agent(hub, token, Path(folder))
         try:
             host = _wait_online(supplier)
             lease = start_lease(renter, host, [0], spec)

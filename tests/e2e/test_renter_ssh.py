@@ -248,19 +248,25 @@ def test_the_renter_logs_in_to_a_rental_running_sshd_with_the_key_on_their_accou
     assert refused.returncode != 0
 
 
-def test_ssh_l_reaches_another_declared_port(world: World) -> None:
-    local = free_port()
-    listen = world.listen(world.alice_lease, 5432)
+def _local_forward(world: World, local: int, listen: int) -> subprocess.Popen[bytes]:
+    """Alice's ``ssh -N -L local:127.0.0.1:listen`` through the gateway, running."""
     argv = [
         "ssh", "-F", "/dev/null", "-i", str(world.alice.key), "-o", "IdentitiesOnly=yes",
         "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
         "-o", "UserKnownHostsFile=/dev/null", "-o", "ExitOnForwardFailure=yes",
+        "-o", "ServerAliveInterval=2",
         "-p", str(world.gateway.ssh_port), "-l", RENTER_USER, "-N",
         "-L", f"127.0.0.1:{local}:127.0.0.1:{listen}", "127.0.0.1",
     ]  # fmt: skip
-    with subprocess.Popen(
+    return subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    ) as forward:
+    )
+
+
+def test_ssh_l_reaches_another_declared_port(world: World) -> None:
+    local = free_port()
+    listen = world.listen(world.alice_lease, 5432)
+    with _local_forward(world, local, listen) as forward:
         try:
             assert wait_for_port(local, timeout_s=30)
             assert httpx.get(f"http://127.0.0.1:{local}/", timeout=10).text == "port 5432 answers\n"
@@ -275,16 +281,7 @@ def test_a_renter_connection_ends_at_its_age_limit(world: World) -> None:
     connections before that (here after RENTER_MAX_CONNECTION_S)."""
     local = free_port()
     listen = world.listen(world.alice_lease, 5432)
-    argv = [
-        "ssh", "-F", "/dev/null", "-i", str(world.alice.key), "-o", "IdentitiesOnly=yes",
-        "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-        "-o", "UserKnownHostsFile=/dev/null", "-o", "ServerAliveInterval=2",
-        "-p", str(world.gateway.ssh_port), "-l", RENTER_USER, "-N",
-        "-L", f"127.0.0.1:{local}:127.0.0.1:{listen}", "127.0.0.1",
-    ]  # fmt: skip
-    with subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    ) as forward:
+    with _local_forward(world, local, listen) as forward:
         try:
             assert wait_for_port(local, timeout_s=30)
             assert httpx.get(f"http://127.0.0.1:{local}/", timeout=10).status_code == 200
