@@ -2,6 +2,10 @@
 run``, OpenSSH's sshd plus nginx from the distribution's packages) on loopback ports, with URLs
 ``http://<id>-i.localhost:<port>/`` (browsers resolve every ``*.localhost`` to loopback).
 
+As root its sshd serves agents (cloudgpu-tunnel) and renters' SSH (cloudgpu-ssh); as another
+user it runs as that user, who is then the agents' login, and renters' SSH is off (an sshd that
+is not root logs in only its own user).
+
 ``plan`` decides whether it can run here and prepares what the hub must know before it starts
 (host key, shared secret, ports); when it cannot, it says why and what to install, and the hub
 runs without tunnels.
@@ -37,6 +41,8 @@ class DemoGateway:
     secret_file: Path
     ssh_port: int
     http_port: int
+    # Not root: sshd logs in only this user, so agents log in as it and renters' SSH is off.
+    own_user: str | None = None
 
     @property
     def host_keys_file(self) -> Path:
@@ -52,7 +58,11 @@ class DemoGateway:
             "TUNNEL_GATEWAY_SSH_PORT": str(self.ssh_port),
             "TUNNEL_GATEWAY_HOST_KEYS_FILE": str(self.host_keys_file),
             "TUNNEL_GATEWAY_SECRET_FILE": str(self.secret_file),
-        }
+        } | (
+            {"TUNNEL_GATEWAY_USER": self.own_user, "TUNNEL_GATEWAY_RENTER_USER": ""}
+            if self.own_user
+            else {}
+        )
 
     def url_pattern(self) -> str:
         return f"http://<id>-i.{DOMAIN}:{self.http_port}/"
@@ -65,6 +75,11 @@ class DemoGateway:
             *("--ssh-listen", f"127.0.0.1:{self.ssh_port}"),
             *("--http-listen", f"127.0.0.1:{self.http_port}"),
             *("--nginx-workers", "1"),
+            *(
+                ("--user", self.own_user, "--keys-command-user", self.own_user, "--renter-user", "")
+                if self.own_user
+                else ()
+            ),
         ]
 
 
@@ -89,15 +104,17 @@ def _port_free(port: int) -> bool:
 
 
 def _check_folder(folder: Path) -> None:
-    # sshd refuses an AuthorizedKeysCommand below a folder anyone but root may write to.
+    # sshd refuses an AuthorizedKeysCommand below a folder anyone but root (or, for a user's
+    # own sshd, that user) may write to.
+    owners = {0, os.geteuid()}
     for parent in [folder, *folder.parents]:
         info = parent.stat()
-        if info.st_uid != 0 or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        if info.st_uid not in owners or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             raise GatewayUnavailable(
-                f"{parent} must be owned by root and writable by root only (sshd refuses key "
-                "commands below it); pass --state in such a folder"
+                f"{parent} must be owned by root (or you) and writable by its owner only (sshd "
+                "refuses key commands below it); pass --state in such a folder"
             )
-        if not info.st_mode & stat.S_IXOTH:
+        if os.geteuid() == 0 and not info.st_mode & stat.S_IXOTH:
             raise GatewayUnavailable(
                 f"{parent} must be searchable by others (o+x): the key command runs as nobody"
             )
@@ -136,12 +153,7 @@ def plan(state: Path, ssh_port: int, http_port: int) -> DemoGateway:
         raise GatewayUnavailable(
             f"{', '.join(missing)} not installed (apt install {' '.join(missing)})"
         )
-    if os.geteuid() != 0:
-        raise GatewayUnavailable(
-            "the gateway's sshd serves its own login users (cloudgpu-tunnel for agents, "
-            "cloudgpu-ssh for renters) and must run as root to switch to them; run make run as "
-            "root for tunnel URLs"
-        )
+    root = os.geteuid() == 0
     for port in (ssh_port, http_port):
         if not _port_free(port):
             raise GatewayUnavailable(
@@ -152,7 +164,7 @@ def plan(state: Path, ssh_port: int, http_port: int) -> DemoGateway:
     folder.mkdir(mode=0o755, exist_ok=True)
     folder.chmod(0o755)  # the key command's user (nobody) must reach its script
     _check_folder(folder)
-    for name in LOGIN_USERS:
+    for name in LOGIN_USERS if root else ():
         try:
             _ensure_login_user(name)
         except (subprocess.CalledProcessError, OSError) as exc:
@@ -168,4 +180,5 @@ def plan(state: Path, ssh_port: int, http_port: int) -> DemoGateway:
             check=True,
             capture_output=True,
         )
-    return DemoGateway(folder, _secret_file(state), ssh_port, http_port)
+    own_user = None if root else pwd.getpwuid(os.geteuid()).pw_name
+    return DemoGateway(folder, _secret_file(state), ssh_port, http_port, own_user)

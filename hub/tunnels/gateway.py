@@ -6,8 +6,10 @@ both configured to ask the hub, supervised in the foreground.
                                                            # TUNNEL_GATEWAY_HOST_KEYS_FILE
 
 The secret shared with the hub comes from TUNNEL_GATEWAY_SECRET or TUNNEL_GATEWAY_SECRET_FILE.
-Runs as root (sshd needs it); the login users (agents' cloudgpu-tunnel, renters' cloudgpu-ssh)
-must exist.
+Runs as root (sshd needs it to switch users); the login users (agents' cloudgpu-tunnel, renters'
+cloudgpu-ssh) must exist. Run by another user (the local trial's), sshd logs in only that user:
+agents log in as it (--user and --keys-command-user that user) and renters' SSH is off
+(--renter-user '').
 """
 
 from __future__ import annotations
@@ -55,7 +57,15 @@ def _write(path: Path, text: str, mode: int) -> None:
 
 
 def check(options: GatewayOptions) -> None:
-    if os.geteuid() != 0:
+    if options.unprivileged:
+        # sshd that is not root can log in only the user it runs as, for agents' forwards.
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        if options.user != me or options.keys_command_user != me or options.renter_user:
+            raise GatewayError(
+                f"not running as root, the gateway serves only its own user: --user {me} "
+                f"--keys-command-user {me} --renter-user '' (renters' SSH needs root)"
+            )
+    elif os.geteuid() != 0:
         raise GatewayError("the gateway runs as root: sshd needs it to switch to the login user")
     if not Path(SSHD).exists():
         raise GatewayError("sshd is not installed: apt install openssh-server")
@@ -102,14 +112,15 @@ def ephemeral_ports() -> tuple[int, int] | None:
 
 def check_folder(options: GatewayOptions) -> None:
     # sshd refuses an AuthorizedKeysCommand below a folder anyone else may write to.
+    owners = {0, os.geteuid()}  # a user's own gateway keeps its files in its own folder
     for folder in [options.folder.resolve(), *options.folder.resolve().parents]:
         st = folder.stat()
-        if st.st_uid != 0 or st.st_mode & 0o022:
+        if st.st_uid not in owners or st.st_mode & 0o022:
             raise GatewayError(
                 f"{folder} must be owned by root and writable by root only: sshd refuses "
                 "key commands below it; choose a --folder such as /var/lib/cloudgpu-gateway"
             )
-        if not st.st_mode & 0o001:
+        if not options.unprivileged and not st.st_mode & 0o001:
             raise GatewayError(
                 f"{folder} must be searchable by others (o+x): the key command runs as "
                 f"{options.keys_command_user}"
@@ -131,15 +142,18 @@ def render(options: GatewayOptions, secret: str) -> None:
             ],
             check=True,
         )
-    command_user = pwd.getpwnam(options.keys_command_user)
     shutil.copyfile(Path(__file__).with_name("keys_command.py"), folder / "keys_command.py")
     os.chmod(folder / "keys_command.py", 0o644)
     config = {"hub_url": options.hub_url, "secret": secret}
     _write(folder / "keys-command.json", json.dumps(config), 0o640)
-    os.chown(folder / "keys-command.json", 0, command_user.pw_gid)
+    if not options.unprivileged:
+        command_user = pwd.getpwnam(options.keys_command_user)
+        os.chown(folder / "keys-command.json", 0, command_user.pw_gid)
     _write(options.keys_command, keys_command_wrapper(options), 0o755)
     _write(folder / "sshd_config", render_sshd_config(options), 0o600)
     _write(folder / "nginx.conf", render_nginx_config(options, secret), 0o600)
+    if options.unprivileged:
+        return  # nginx's workers are this user too
     # nginx's workers (nobody when the master is root) write request bodies under tmp/.
     nobody = pwd.getpwnam("nobody")
     os.chown(folder / "tmp", nobody.pw_uid, grp.getgrgid(nobody.pw_gid).gr_gid)
@@ -149,7 +163,7 @@ def validate(options: GatewayOptions) -> None:
     folder = options.folder
     for argv, what in (
         ([SSHD, "-t", "-f", str(folder / "sshd_config")], "sshd"),
-        (["nginx", "-t", "-q", "-c", str(folder / "nginx.conf")], "nginx"),
+        (["nginx", "-e", "stderr", "-t", "-q", "-c", str(folder / "nginx.conf")], "nginx"),
     ):
         result = subprocess.run(argv, capture_output=True, text=True)
         if result.returncode != 0:
@@ -162,7 +176,8 @@ def run(options: GatewayOptions, secret: str, ready: Path | None = None) -> int:
     check_folder(options)
     # sshd's privilege-separation root; `sshd -t` refuses the configuration without it, and on
     # a fresh machine (or a tmpfs /run after boot) nothing else has made it yet.
-    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+    if not options.unprivileged:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     validate(options)
     folder = options.folder
     supervisor = Supervisor()
@@ -182,7 +197,10 @@ def run(options: GatewayOptions, secret: str, ready: Path | None = None) -> int:
         # A socket left by an nginx that was killed would make this one's listen fail.
         options.route_cache_socket.unlink(missing_ok=True)
         supervisor.start(
-            "nginx", ["nginx", "-c", str(folder / "nginx.conf")], stop_signal=signal.SIGQUIT
+            "nginx",
+            # -e: not the built-in /var/log/nginx/error.log, which only root may open.
+            ["nginx", "-e", "stderr", "-c", str(folder / "nginx.conf")],
+            stop_signal=signal.SIGQUIT,
         )
         ephemeral = ephemeral_ports()
         if ephemeral:
@@ -306,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         http_port=int(http_port),
         user=args.user,
         renter_user=args.renter_user,
+        unprivileged=os.geteuid() != 0,
         renter_max_connection_s=args.renter_max_connection_s,
         keys_command_user=args.keys_command_user,
         timeout_s=args.timeout,

@@ -41,6 +41,9 @@ class GatewayOptions:
     # only ports that are still theirs.
     renter_max_connection_s: int = 3300
     keys_command_user: str = "nobody"
+    # Run by a user other than root (the local trial's): sshd logs in only that user, so
+    # agents log in as it and renters' SSH is off (renter_user ""); see keys_command_line.
+    unprivileged: bool = False
     timeout_s: int = DEFAULT_TIMEOUT_S
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -100,7 +103,7 @@ AllowUsers {users}
 # permitlisten for its own ports only; a renter's key permitopen for their running leases'
 # ports only (hub/tunnels/renter_ssh.py); an unknown or finished lease's key gets nothing.
 AuthorizedKeysFile none
-AuthorizedKeysCommand {options.keys_command} %u %t %k
+AuthorizedKeysCommand {keys_command_line(options)} %u %t %k
 AuthorizedKeysCommandUser {options.keys_command_user}
 AuthenticationMethods publickey
 PubkeyAuthentication yes
@@ -310,6 +313,16 @@ http {{
     }}
 }}
 """
+
+
+def keys_command_line(options: GatewayOptions) -> str:
+    """sshd runs a key command only if the program is root's, in folders only root may write
+    to: root's gateway writes its own wrapper; a user's cannot, so it names the system's
+    Python (root's) and gives it the script as an argument."""
+    if options.unprivileged:
+        folder = options.folder
+        return f"{options.python} -I -S {folder / 'keys_command.py'} {folder / 'keys-command.json'}"
+    return str(options.keys_command)
 
 
 def keys_command_wrapper(options: GatewayOptions) -> str:

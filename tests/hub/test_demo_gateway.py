@@ -3,7 +3,6 @@ and which Debian packages to install, and the runner goes on without it."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,6 @@ def test_missing_packages_are_named_with_the_apt_line(
     assert not (tmp_path / "state").exists()  # nothing made for a gateway that cannot run
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="as root the folder is what decides")
 def test_a_folder_others_may_write_to_is_refused(tmp_path: Path) -> None:
     if demo_gateway.missing_packages():
         pytest.skip(f"not installed: {demo_gateway.missing_packages()}")
@@ -32,7 +30,7 @@ def test_a_folder_others_may_write_to_is_refused(tmp_path: Path) -> None:
     shared.chmod(0o777)
     state = shared / "state"
     state.mkdir()
-    with pytest.raises(demo_gateway.GatewayUnavailable, match="writable by root only"):
+    with pytest.raises(demo_gateway.GatewayUnavailable, match="writable by its owner only"):
         demo_gateway.plan(state, 0, 0)
 
 
@@ -46,3 +44,12 @@ def test_the_hub_gets_the_secret_by_file_and_urls_under_localhost(tmp_path: Path
     assert gateway.url_pattern() == "http://<id>-i.localhost:8080/"
     argv = " ".join(gateway.argv("http://127.0.0.1:8000"))
     assert "--ssh-listen 127.0.0.1:2222 --http-listen 127.0.0.1:8080" in argv
+
+
+def test_a_users_gateway_is_the_agents_login_and_renters_ssh_is_off(tmp_path: Path) -> None:
+    gateway = demo_gateway.DemoGateway(tmp_path, tmp_path / "secret", 2222, 8080, "alice")
+    settings = gateway.hub_settings()
+    assert settings["TUNNEL_GATEWAY_USER"] == "alice"
+    assert settings["TUNNEL_GATEWAY_RENTER_USER"] == ""
+    argv = gateway.argv("http://127.0.0.1:8000")
+    assert argv[-6:] == ["--user", "alice", "--keys-command-user", "alice", "--renter-user", ""]
