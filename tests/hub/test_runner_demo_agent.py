@@ -1,0 +1,55 @@
+"""Which runtime `make run`'s demo agent gets (hub/runner.py): Docker with --gpu-devices none
+only where an engine answers and NVML lists a GPU to rent, else the mock runtime, saying why."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+import pytest
+
+from hub import runner
+
+
+def _probe(monkeypatch: pytest.MonkeyPatch, found: dict[str, Any]) -> None:
+    def fake_run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(argv, 0, stdout=json.dumps(found) + "\n", stderr="")
+
+    monkeypatch.setattr(runner.subprocess, "run", fake_run)
+
+
+def test_docker_with_a_gpu_runs_containers_without_the_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _probe(monkeypatch, {"docker": None, "gpus": 1})
+    settings, line = runner.demo_agent_runtime({})
+    assert settings == {
+        "CLOUDGPU_RUNTIME": "docker",
+        "CLOUDGPU_GPU_DEVICES": "none",
+        "CLOUDGPU_COMPUTE_MODE": "skip",
+    }
+    assert line == "Docker runtime, --gpu-devices none"
+
+
+@pytest.mark.parametrize(
+    ("found", "why"),
+    [
+        ({"docker": "DockerException: no socket", "gpus": 1}, "no Docker engine reachable"),
+        ({"docker": None, "gpus": 0}, "NVML lists no GPU"),
+    ],
+)
+def test_otherwise_the_mock_runtime_says_why(
+    monkeypatch: pytest.MonkeyPatch, found: dict[str, Any], why: str
+) -> None:
+    _probe(monkeypatch, found)
+    settings, line = runner.demo_agent_runtime({})
+    assert settings == {"CLOUDGPU_RUNTIME": "mock"}
+    assert line.startswith("mock runtime (")
+    assert why in line
+
+
+def test_the_real_probe_answers_on_this_machine() -> None:
+    settings, line = runner.demo_agent_runtime({"PATH": "/usr/bin:/bin"})
+    assert settings["CLOUDGPU_RUNTIME"] in {"docker", "mock"}
+    assert "did not answer" not in line
