@@ -30,11 +30,14 @@ from supplier_agent.config import (
     websocket_url,
     write_file,
 )
+from supplier_agent.drivers import CONNECT_MODES, check_connect_mode, runtime_for_driver
 from supplier_agent.egress import parse_allowed
 from supplier_agent.limits import parse_reserve
 from supplier_agent.state import StateInUse
 
 if TYPE_CHECKING:  # the runtimes import Docker or the mock lazily, per command
+    from pathlib import Path
+
     from supplier_agent.runtime import Runtime
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_ANSWER, EXIT_TOKEN_REJECTED = 0, 1, 2, 3, 4
@@ -59,7 +62,19 @@ def build_parser() -> argparse.ArgumentParser:
     configure.add_argument(
         "--hub", required=True, help="the hub's URL, e.g. https://hub.example.com"
     )
-    configure.add_argument("--runtime", choices=RUNTIMES, default="docker")
+    configure.add_argument("--runtime", choices=RUNTIMES, help="docker (default) or mock")
+    configure.add_argument(
+        "--driver",
+        help="the seed's name for --runtime: docker or mock; nerdctl, udocker, host, none and "
+        "unknown names are refused (deployments stay off rather than guess)",
+    )
+    configure.add_argument(
+        "--connect-mode",
+        choices=CONNECT_MODES,
+        default="agent_dial",
+        help="agent_dial: this agent connects out (the only mode; server_dial is refused: the "
+        "hub never dials suppliers)",
+    )
     configure.add_argument("--compute-mode", choices=COMPUTE_MODES, default="best-effort")
     configure.add_argument("--gpu-devices", choices=GPU_DEVICES, default="nvidia")
     configure.add_argument("--lock-dir", default="/var/lock")
@@ -173,6 +188,15 @@ def _read_token() -> str:
 def cmd_configure(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    if args.driver and args.runtime and args.driver != args.runtime:
+        print(
+            f"cloudgpu-agent: --driver {args.driver} and --runtime {args.runtime} disagree; "
+            "give one",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    runtime = runtime_for_driver(args.driver) if args.driver else args.runtime or "docker"
+    check_connect_mode(args.connect_mode)
     websocket_url(args.hub)
     token = validate_token(_read_token())
     try:
@@ -181,12 +205,22 @@ def cmd_configure(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     state_dir = Path(args.state) if args.state else default_state_dir()
-    path = write_file(
+    try:
+        path = _write_config(state_dir, args, runtime, token)
+    except OSError as exc:
+        # Exit 1 with the reason, not a traceback: installers show this line to suppliers.
+        raise ConfigError(f"cannot write the config in {state_dir}: {exc.strerror}") from None
+    print(f"wrote {path} (mode 0600)")
+    return EXIT_OK
+
+
+def _write_config(state_dir: Path, args: argparse.Namespace, runtime: str, token: str) -> Path:
+    return write_file(
         state_dir,
         {
             "hub": args.hub,
             "token": token,
-            "runtime": args.runtime,
+            "runtime": runtime,
             "compute_mode": args.compute_mode,
             "gpu_devices": args.gpu_devices,
             "lock_dir": args.lock_dir,
@@ -205,8 +239,6 @@ def cmd_configure(args: argparse.Namespace) -> int:
             },
         },
     )
-    print(f"wrote {path} (mode 0600)")
-    return EXIT_OK
 
 
 def _setup_logging(level: str) -> None:
