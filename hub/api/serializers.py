@@ -14,6 +14,7 @@ from hub.billing.models import LedgerEntry
 from hub.billing.money import format_micros
 from hub.catalog.offers import SORTS
 from hub.leases.models import Lease
+from hub.lib.gpu_select import InvalidGpuSelection, parse_gpu_selection
 from hub.tunnels import renter_ssh
 from hub.tunnels import services as tunnels
 from hub.tunnels.models import Tunnel
@@ -157,6 +158,21 @@ class LeaseCreateSerializer(serializers.Serializer):
         min_length=1,
         max_length=MAX_GPUS_PER_LEASE,
     )
+    gpus = serializers.CharField(
+        required=False,
+        max_length=4000,
+        help_text=(
+            "A GPU selection instead of `gpu_ids`/`gpu_indices`: `all` (every GPU of `host_id`),"
+            " `count=N` (any N free GPUs: of `host_id`, or without it on the cheapest online"
+            " host that has N, optionally of `gpu_model`), `0` or `0,1` (indices of `host_id`'s"
+            " GPUs: a bare number is an index, never a count) or `GPU-<uuid>,...` (NVML UUIDs)."
+        ),
+    )
+    gpu_model = serializers.CharField(
+        required=False,
+        max_length=255,
+        help_text='With `gpus` `count=N`: only GPUs whose name contains this, e.g. "RTX 4090".',
+    )
     template = serializers.SlugField(
         required=False, max_length=64, help_text="A listed template's slug."
     )
@@ -205,15 +221,24 @@ class LeaseCreateSerializer(serializers.Serializer):
     )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        by_id = "gpu_ids" in attrs
-        by_index = "host_id" in attrs or "gpu_indices" in attrs
-        if by_id == by_index:
-            raise serializers.ValidationError(
-                "choose GPUs either by `gpu_ids` (from the offers) or by `host_id` and"
-                " `gpu_indices`"
-            )
-        if by_index and not ("host_id" in attrs and "gpu_indices" in attrs):
+        by_id, by_index, by_selection = (k in attrs for k in ("gpu_ids", "gpu_indices", "gpus"))
+        if "host_id" in attrs and not (by_id or by_index or by_selection):
             raise serializers.ValidationError("`host_id` and `gpu_indices` go together")
+        if by_id + by_index + by_selection != 1 or (by_id and "host_id" in attrs):
+            raise serializers.ValidationError(
+                "choose GPUs either by `gpu_ids` (from the offers), by `host_id` and"
+                " `gpu_indices`, or by `gpus` (a selection, with `host_id` unless it is"
+                " `count=N`)"
+            )
+        if by_index and "host_id" not in attrs:
+            raise serializers.ValidationError("`host_id` and `gpu_indices` go together")
+        if "gpu_model" in attrs and not by_selection:
+            raise serializers.ValidationError({"gpu_model": ["goes with `gpus` `count=N`"]})
+        if by_selection:
+            try:
+                attrs["gpus"] = parse_gpu_selection(attrs["gpus"])
+            except InvalidGpuSelection as exc:
+                raise serializers.ValidationError({"gpus": [str(exc)]}) from None
         if not attrs.get("template") and not attrs.get("image"):
             raise serializers.ValidationError("choose a `template` or give an `image`")
         return attrs

@@ -28,6 +28,7 @@ from hub.billing.money import micros_from_units
 from hub.catalog import offers
 from hub.catalog.models import Template
 from hub.catalog.services import lease_spec, with_account_keys
+from hub.leases import gpu_choice
 from hub.leases import logs as lease_logs
 from hub.leases import services as leases
 from hub.leases.models import Lease
@@ -244,7 +245,8 @@ class LeaseList(generics.GenericAPIView):
     @extend_schema(
         summary="Rent GPUs: start a lease",
         description=(
-            "Choose GPUs by the offers' `gpu_ids`, or by `host_id` and `gpu_indices`; choose"
+            "Choose GPUs by the offers' `gpu_ids`, by `host_id` and `gpu_indices`, or by a"
+            " `gpus` selection (`all`, `count=N`, indices, NVML UUIDs); choose"
             " what runs by a `template` slug and/or a custom `image` (with `ports`, `env`,"
             " `command`). Refusals (GPU just taken, host offline, out of funds, bad image) are"
             " 400 with a `detail` to show the renter. With `max_price_per_hour`, a price"
@@ -257,6 +259,8 @@ class LeaseList(generics.GenericAPIView):
     def post(self, request: Request) -> Response:
         data = _valid(s.LeaseCreateSerializer, request.data)
         host, gpu_indices = _chosen_gpus(data)
+        if host is None and data.get("volumes"):
+            raise ValidationError({"volumes": ["volumes live on one host: give `host_id`"]})
         template = None
         if data.get("template"):
             template = Template.objects.filter(slug=data["template"], listed=True).first()
@@ -277,20 +281,30 @@ class LeaseList(generics.GenericAPIView):
             )
             spec = dataclasses.replace(spec, volumes=volumes.wire_mounts(mounts))
         max_price = data.get("max_price_per_hour")
-        lease = leases.start_lease(
-            request.user,
-            host,
-            gpu_indices,
-            spec,
-            max_price_per_hour_micros=None if max_price is None else micros_from_units(max_price),
-        )
+        max_micros = None if max_price is None else micros_from_units(max_price)
+        if "gpus" in data:
+            lease = gpu_choice.start_lease_on(
+                request.user,
+                data["gpus"],
+                spec,
+                host=host,
+                model=data.get("gpu_model"),
+                max_price_per_hour_micros=max_micros,
+            )
+        else:
+            assert host is not None  # gpu_ids and gpu_indices always name a host
+            lease = leases.start_lease(
+                request.user, host, gpu_indices, spec, max_price_per_hour_micros=max_micros
+            )
         return Response(
             s.LeaseSerializer(renters_leases(request).get(pk=lease.pk)).data,
             status=status.HTTP_201_CREATED,
         )
 
 
-def _chosen_gpus(data: dict[str, Any]) -> tuple[Host, list[int]]:
+def _chosen_gpus(data: dict[str, Any]) -> tuple[Host | None, list[int]]:
+    """The host and indices named by ``gpu_ids`` or ``gpu_indices``; for a ``gpus`` selection,
+    the host if ``host_id`` names one (gpu_choice picks the indices when renting)."""
     if "gpu_ids" in data:
         ids = data["gpu_ids"]
         if len(set(ids)) != len(ids):
@@ -302,10 +316,12 @@ def _chosen_gpus(data: dict[str, Any]) -> tuple[Host, list[int]]:
         if len({g.host_id for g in gpus}) != 1:
             raise ValidationError({"gpu_ids": ["the GPUs of one lease must be on one host"]})
         return gpus[0].host, [g.index for g in gpus]
+    if "host_id" not in data:
+        return None, []
     host = Host.objects.filter(pk=data["host_id"]).first()
     if host is None:
         raise ValidationError({"host_id": [f"no host with id {data['host_id']}"]})
-    return host, list(data["gpu_indices"])
+    return host, list(data.get("gpu_indices", []))
 
 
 class LeaseDetail(APIView):

@@ -21,6 +21,7 @@ from hub.billing.money import micros_from_units
 from hub.catalog.models import Template
 from hub.catalog.services import lease_spec
 from hub.leases.services import LeaseError, LeaseSpec
+from hub.lib.gpu_select import GpuSelection, InvalidGpuSelection, parse_gpu_selection
 from hub.suppliers.models import Host
 from hub.volumes.models import Volume
 from hub.web import ratelimit
@@ -105,6 +106,14 @@ def _parse_env(text: str) -> dict[str, str]:
 
 
 class RentForm(forms.Form):
+    gpus = forms.CharField(
+        required=False,
+        max_length=4000,
+        label="GPUs on this host",
+        help_text="Empty: this GPU. Or all (every GPU of the host), count=N (any N free GPUs), "
+        "0 or 0,1 (GPU indices: a bare number is an index, never a count), or "
+        "GPU-<uuid>,... (NVML UUIDs).",
+    )
     template = forms.ModelChoiceField(
         queryset=Template.objects.filter(listed=True),
         required=False,
@@ -168,6 +177,15 @@ class RentForm(forms.Form):
             self.fields["volume"].label_from_instance = (  # type: ignore[attr-defined]
                 lambda v: f"{v.label} ({v.size_cap_bytes // GIB} GiB)"
             )
+
+    def clean_gpus(self) -> GpuSelection | None:
+        text = self.cleaned_data["gpus"].strip()
+        if not text:
+            return None
+        try:
+            return parse_gpu_selection(text)
+        except InvalidGpuSelection as exc:
+            raise forms.ValidationError(str(exc)) from None
 
     def clean_ports(self) -> list[Any] | None:
         text = self.cleaned_data["ports"].strip()

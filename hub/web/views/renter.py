@@ -18,8 +18,10 @@ from hub.billing.models import LedgerEntry
 from hub.catalog.models import Template
 from hub.catalog.offers import list_offers, uptime
 from hub.catalog.services import with_account_keys
+from hub.leases import gpu_choice
 from hub.leases import services as leases
 from hub.leases.models import Lease
+from hub.lib.gpu_select import GpuSelection
 from hub.suppliers.models import Gpu, Host
 from hub.tunnels import access, renter_ssh
 from hub.tunnels import services as tunnels
@@ -66,12 +68,19 @@ def rent(request: HttpRequest, gpu_id: int) -> HttpResponse:
                         request.user, gpu.host, [(form.cleaned_data["volume"].pk, path)]
                     )
                     spec = dataclasses.replace(spec, volumes=volumes.wire_mounts(mounts))
-                lease = leases.start_lease(
+                selection = form.cleaned_data["gpus"] or GpuSelection(
+                    "indices", indices=(gpu.index,)
+                )
+                # The price shown is this GPU's: it bounds a rental of this GPU alone.
+                alone = selection == GpuSelection("indices", indices=(gpu.index,))
+                lease = gpu_choice.start_lease_on(
                     request.user,
-                    gpu.host,
-                    [gpu.index],
+                    selection,
                     spec,
-                    max_price_per_hour_micros=form.cleaned_data["seen_price_micros"],
+                    host=gpu.host,
+                    max_price_per_hour_micros=(
+                        form.cleaned_data["seen_price_micros"] if alone else None
+                    ),
                 )
             except leases.PriceChanged as exc:
                 form.add_error(None, _sentence(str(exc)))

@@ -5,8 +5,10 @@ hub token create --owner USER [--name NAME] [--default-price DOLLARS]
                                                 hosts' new GPUs are listed at the price
 hub token revoke PREFIX_OR_ID
 hub hosts                                       hosts, status and GPUs
-hub lease start --renter USER --host HOST --gpus 0[,1] --image IMAGE [--port N ...]
-                [--env K=V ...] [--command ARG ...] [--wait SECONDS] [--protect]
+hub lease start --renter USER [--host HOST] [--gpus SELECTION] [--model NAME] --image IMAGE
+                [--port N ...] [--env K=V ...] [--command ARG ...] [--wait SECONDS] [--protect]
+                                                SELECTION: all, count=N, 0 or 0,1 (indices),
+                                                GPU-<uuid>,...; without --host only count=N
 hub lease release LEASE_ID [--reason REASON]
 hub lease show LEASE_ID                         state, ports and tunnel URLs
 hub lease access-token LEASE_ID                 the token a --protect lease's URLs need
@@ -29,8 +31,10 @@ from django.db.models import Q
 from hub.accounts.models import User
 from hub.billing.money import micros_from_units
 from hub.leases import terminals
+from hub.leases.gpu_choice import start_lease_on
 from hub.leases.models import Lease
-from hub.leases.services import LeaseError, LeaseSpec, release_lease, start_lease
+from hub.leases.services import LeaseError, LeaseSpec, release_lease
+from hub.lib.gpu_select import InvalidGpuSelection, parse_gpu_selection
 from hub.suppliers.models import AgentToken, Host
 from hub.suppliers.services import SupplierError, create_agent_token, revoke_agent_token
 from hub.tunnels import access as tunnel_access
@@ -86,8 +90,18 @@ class Command(BaseCommand):
         lease = nouns.add_parser("lease").add_subparsers(dest="verb", required=True)
         start = lease.add_parser("start")
         start.add_argument("--renter", required=True)
-        start.add_argument("--host", required=True)
-        start.add_argument("--gpus", default="0")
+        start.add_argument(
+            "--host", help="hostname, id or uuid; omit it to take count=N GPUs on any host"
+        )
+        start.add_argument(
+            "--gpus",
+            default="0",
+            help="all, count=N (any N free), 0 or 0,1 (indices: a bare number is an index), "
+            "GPU-<uuid>,... (default 0)",
+        )
+        start.add_argument(
+            "--model", help='with count=N: only GPUs whose name contains this, e.g. "RTX 4090"'
+        )
         start.add_argument("--image", required=True)
         start.add_argument("--port", type=int, action="append", default=[])
         start.add_argument("--env", action="append", default=[])
@@ -177,9 +191,10 @@ class Command(BaseCommand):
 
     def _start(self, options: dict[str, Any]) -> None:
         try:
-            gpus = [int(i) for i in options["gpus"].split(",")]
-        except ValueError:
-            raise CommandError("--gpus must be indices like 0 or 0,1") from None
+            selection = parse_gpu_selection(options["gpus"])
+        except InvalidGpuSelection as exc:
+            raise CommandError(f"--gpus: {exc}") from None
+        host = _host(options["host"]) if options["host"] else None
         spec = LeaseSpec(
             image=options["image"],
             ports=options["port"],
@@ -188,7 +203,9 @@ class Command(BaseCommand):
             access_protected=options["protect"],
         )
         try:
-            lease = start_lease(_user(options["renter"]), _host(options["host"]), gpus, spec)
+            lease = start_lease_on(
+                _user(options["renter"]), selection, spec, host=host, model=options["model"]
+            )
         except LeaseError as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(str(lease.pk))
