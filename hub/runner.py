@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
@@ -112,10 +113,51 @@ print(json.dumps(out))
 """
 
 
-def demo_agent_runtime(env: dict[str, str]) -> tuple[dict[str, str], str]:
+# On a machine without an NVIDIA GPU the demo's Docker agent rents one simulated GPU: CloudGPU's
+# one fake, NVML replaced at the pynvml boundary by a device table (tests/fakes/nvml/pynvml.py),
+# so renters get real containers (a shell, URLs) from a laptop. Named so nobody mistakes it.
+DEMO_GPU_NAME = "Demo GPU (simulated: this machine has no NVIDIA GPU)"
+FAKE_NVML_DIR = BASE_DIR / "tests" / "fakes" / "nvml"
+
+
+def _simulated_gpu(agent_state: Path) -> dict[str, str]:
+    """The environment that gives the demo agent one simulated GPU (a table in its state)."""
+    agent_state.mkdir(parents=True, exist_ok=True)
+    table = agent_state / "demo-gpus.json"
+    if not table.exists():
+        gpu_uuid = f"GPU-{uuid.uuid4()}"
+        table.write_text(
+            json.dumps(
+                {
+                    "driver_version": "demo",
+                    "cuda_driver_version": 0,
+                    "gpus": [
+                        {
+                            "uuid": gpu_uuid,
+                            "name": DEMO_GPU_NAME,
+                            "memory_total": 8 * 1024**3,
+                            "memory_used": 0,
+                            "utilization": 0,
+                            "compute_mode": 0,
+                            "compute_mode_settable": False,
+                            "processes": [],
+                        }
+                    ],
+                }
+            )
+        )
+    return {
+        "PYTHONPATH": os.pathsep.join([str(FAKE_NVML_DIR), str(BASE_DIR)]),
+        "CLOUDGPU_FAKE_NVML_TABLE": str(table),
+    }
+
+
+def demo_agent_runtime(
+    env: dict[str, str], agent_state: Path | None = None
+) -> tuple[dict[str, str], str]:
     """The demo agent's runtime settings (as CLOUDGPU_* variables, over its config file) and a
-    line saying which and why: Docker with --gpu-devices none where an engine answers and NVML
-    lists a GPU to rent, else the mock runtime (an agent without NVML lists no GPU at all)."""
+    line saying which and why: Docker with --gpu-devices none where an engine answers (with one
+    simulated GPU where NVML lists none, given ``agent_state``), else the mock runtime."""
     mock = {"CLOUDGPU_RUNTIME": "mock"}
     try:
         probe = subprocess.run(
@@ -130,18 +172,31 @@ def demo_agent_runtime(env: dict[str, str]) -> tuple[dict[str, str], str]:
         return mock, "mock runtime (the Docker/NVML probe did not answer)"
     if found.get("docker"):
         return mock, "mock runtime (no Docker engine reachable)"
+    if os.geteuid() != 0:
+        # The Docker runtime installs the rentals' egress filter with iptables, as root; a
+        # user's demo would refuse every rental.
+        return mock, "mock runtime (the Docker runtime needs root: run make run as root for it)"
+    simulated: dict[str, str] = {}
     if not found.get("gpus"):
-        return mock, (
-            "mock runtime (Docker is reachable, but NVML lists no GPU, and the Docker runtime "
-            "rents only GPUs NVML lists)"
-        )
+        if agent_state is None:
+            return mock, (
+                "mock runtime (Docker is reachable, but NVML lists no GPU, and the Docker "
+                "runtime rents only GPUs NVML lists)"
+            )
+        simulated = _simulated_gpu(agent_state)
     docker_settings = {
         "CLOUDGPU_RUNTIME": "docker",
         # Containers without the GPU device (no container toolkit needed), the host's GPU
         # compute modes untouched: a demo, not a supplier.
         "CLOUDGPU_GPU_DEVICES": "none",
         "CLOUDGPU_COMPUTE_MODE": "skip",
+        **simulated,
     }
+    if simulated:
+        return docker_settings, (
+            "Docker runtime, --gpu-devices none, one simulated GPU (no NVIDIA GPU here): real "
+            "containers, no GPU in them"
+        )
     return docker_settings, "Docker runtime, --gpu-devices none"
 
 
@@ -152,7 +207,7 @@ def _start_demo_agent(
     agent = [sys.executable, "-m", "supplier_agent"]
     # The agent gets none of the hub's secrets, as on a real supplier's machine.
     agent_env = {k: v for k, v in env.items() if not k.startswith(_HUB_SECRETS)}
-    runtime, described = demo_agent_runtime(agent_env)
+    runtime, described = demo_agent_runtime(agent_env, agent_state)
     agent_env.update(runtime)
     agent_env.setdefault("CLOUDGPU_LOCK_DIR", str(agent_state / "locks"))
     if not (agent_state / "cloudgpu-agent.conf").exists():

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -163,7 +164,8 @@ def test_runner_serves_the_hub_and_leaves_no_process_behind(state_dir: Path) -> 
         )
         assert "1 host" in hosts
         gpus = _admin_page(run.base_url, passwords["admin"], "/admin/suppliers/gpu/")
-        assert "RTX 4090" in gpus
+        # The mock runtime's GPU, or (root, Docker, no NVIDIA GPU) the simulated one.
+        assert ("Demo GPU" if "one simulated GPU" in run.text() else "RTX 4090") in gpus
 
         started = _started_processes(run)
         commands = " ".join(started.values())
@@ -311,7 +313,11 @@ def _page_through_gateway(http_port: int, url: str) -> str | None:
     return page.text if page.status_code == 200 else None
 
 
-def test_the_local_trial_gives_a_rental_a_url_that_answers_through_the_gateway() -> None:
+def test_the_local_trial_gives_a_rental_a_url_that_answers_through_the_gateway(
+    busybox_image: str,
+) -> None:
+    """As a newcomer on a machine with Docker and no GPU: the demo agent runs real containers
+    (one simulated GPU), the rental's URL answers through the gateway and a command runs in it."""
     require_gateway()
     ssh_port, http_port = free_port(), free_port()
     ports = {"HUB_GATEWAY_SSH_PORT": str(ssh_port), "HUB_GATEWAY_HTTP_PORT": str(http_port)}
@@ -319,6 +325,7 @@ def test_the_local_trial_gives_a_rental_a_url_that_answers_through_the_gateway()
         wait_for(lambda: "Press Ctrl-C" in run.text(), timeout_s=60, what="the runner's summary")
         assert f"gateway    rentals' URLs http://<id>-i.localhost:{http_port}/" in run.text()
         assert "no tunnel gateway" not in run.text()
+        assert "Docker runtime, --gpu-devices none, one simulated GPU" in run.text()
         with httpx.Client(base_url=run.base_url, timeout=30, follow_redirects=True) as renter:
             _sign_in_renter(renter, run)
             # The demo agent's GPU is free, so a newcomer can rent it with no balance.
@@ -328,9 +335,16 @@ def test_the_local_trial_gives_a_rental_a_url_that_answers_through_the_gateway()
                 what="the demo agent's GPU offered",
             )
             assert offer["price_per_hour_micros"] == 0
+            marker = uuid.uuid4().hex
+            serve = f"mkdir /www; echo {marker} > /www/index.html; exec httpd -f -p 8080 -h /www"
             rented = renter.post(
                 "/api/v1/leases/",
-                json={"gpu_ids": [offer["gpu_id"]], "image": "busybox", "ports": [8080]},
+                json={
+                    "gpu_ids": [offer["gpu_id"]],
+                    "image": busybox_image,
+                    "ports": [8080],
+                    "command": ["sh", "-c", serve],
+                },
             )
             assert rented.status_code == 201, rented.text
             lease_id = rented.json()["id"]
@@ -340,12 +354,23 @@ def test_the_local_trial_gives_a_rental_a_url_that_answers_through_the_gateway()
                 urls = lease["urls"]
                 return urls[0] if lease["state"] == "running" and urls[0]["state"] == "up" else None
 
-            url = wait_for(running, timeout_s=60, what="the lease running, its URL up")["url"]
+            url = wait_for(running, timeout_s=120, what="the lease running, its URL up")["url"]
+            # The terminal's way in, as the API runs one command: a real container, no GPU.
+            token = renter.post("/api/v1/tokens/", json={"name": "trial"}).json()["token"]
+            ran = httpx.post(
+                f"{run.base_url}/api/v1/leases/{lease_id}/exec/",
+                json={"command": ["sh", "-c", "echo hi && nvidia-smi || uname -a"]},
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=60,
+            )
+            assert ran.status_code == 200, ran.text
+            assert "hi\n" in ran.json()["output"]
+            assert "Linux" in ran.json()["output"]
         assert re.fullmatch(rf"http://[a-z0-9]+-i\.localhost:{http_port}/", url), url
         page = wait_for(
             lambda: _page_through_gateway(http_port, url), timeout_s=30, what="the URL's page"
         )
-        assert lease_id in page  # the mock runtime's page for this lease, through sshd + nginx
+        assert marker in page  # the container's own page, through sshd + nginx
 
         # The gateway is supervised like the other processes: killed, it comes back, and the
         # agent's forward with it.
@@ -356,7 +381,7 @@ def test_the_local_trial_gives_a_rental_a_url_that_answers_through_the_gateway()
             timeout_s=90,
             what="the URL answering through the restarted gateway",
         )
-        assert lease_id in page
+        assert marker in page
         started = _started_processes(run)
         assert any("nginx" in cmdline for cmdline in started.values())
 
