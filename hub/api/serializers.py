@@ -130,6 +130,11 @@ class TemplateSerializer(serializers.Serializer):
     ports = serializers.ListField(child=serializers.IntegerField())
     env = serializers.DictField(child=serializers.CharField())
     command = serializers.ListField(child=serializers.CharField(), allow_null=True)
+    warmup = serializers.ListField(
+        child=serializers.CharField(),
+        allow_null=True,
+        help_text="Run in the container before the rental counts as running.",
+    )
     min_vram_bytes = serializers.IntegerField()
 
 
@@ -195,6 +200,17 @@ class LeaseCreateSerializer(serializers.Serializer):
         required=False,
         allow_null=True,
         max_length=256,
+    )
+    warmup = serializers.ListField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False, max_length=4096),
+        required=False,
+        allow_null=True,
+        max_length=256,
+        help_text=(
+            "A warm-up command (argv) run in the container once its ports answer and before"
+            " the lease counts as running (weights, compiles); overrides the template's, `[]`"
+            " for none. A failed one fails the lease with its last lines."
+        ),
     )
     access_protected = serializers.BooleanField(
         required=False,
@@ -333,6 +349,7 @@ class LeaseSerializer(serializers.Serializer):
     image = serializers.CharField()
     ports = serializers.ListField(child=serializers.IntegerField())
     command = serializers.ListField(child=serializers.CharField(), allow_null=True)
+    warmup = serializers.ListField(child=serializers.CharField(), allow_null=True)
     access_protected = serializers.BooleanField()
     volumes = serializers.SerializerMethodField()
     urls = LeaseUrlSerializer(source="tunnels.all", many=True, help_text="One per declared port.")

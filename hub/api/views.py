@@ -272,6 +272,7 @@ class LeaseList(generics.GenericAPIView):
             ports=data.get("ports"),
             env=data.get("env"),
             command=data.get("command"),
+            warmup=data.get("warmup"),
             access_protected=data["access_protected"],
         )
         spec = with_account_keys(spec, template, request.user)

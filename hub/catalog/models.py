@@ -15,6 +15,9 @@ class Template(models.Model):
     env = models.JSONField(default=dict, blank=True)
     command = models.JSONField(null=True, blank=True)
     entrypoint = models.JSONField(null=True, blank=True)
+    # Run in the container (exec, argv) once its ports answer and before the rental counts as
+    # running: loading weights, compiling. Renters may replace it.
+    warmup = models.JSONField(null=True, blank=True)
     # A folder in the container kept in a named volume on the host across rentals (model
     # weights, pip caches): re-renting the same template there starts warm.
     cache_volume_path = models.CharField(max_length=1024, blank=True)

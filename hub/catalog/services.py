@@ -26,6 +26,7 @@ def lease_spec(
     ports: list[Any] | None = None,
     env: dict[str, Any] | None = None,
     command: list[str] | None = None,
+    warmup: list[str] | None = None,
     access_protected: bool = False,
 ) -> LeaseSpec:
     """The renter's choices over the template's; every value checked with the protocol's own
@@ -48,6 +49,10 @@ def lease_spec(
         not isinstance(command, list) or not all(isinstance(a, str) for a in command)
     ):
         raise LeaseError("command must be a list of strings")
+    if warmup is not None and (
+        not isinstance(warmup, list) or not all(isinstance(a, str) for a in warmup)
+    ):
+        raise LeaseError("the warm-up must be a list of strings")
     cache_volume = None
     if template is not None and template.cache_volume_path:
         cache_volume = {"name": f"template-{template.slug}", "path": template.cache_volume_path}
@@ -57,6 +62,10 @@ def lease_spec(
         env=checked_env,
         command=command if command is not None else (template.command if template else None),
         entrypoint=template.entrypoint if template else None,
+        # An empty list is the renter's "no warm-up" over the template's.
+        warmup=(warmup or None)
+        if warmup is not None
+        else (template.warmup or None if template else None),
         cache_volume=cache_volume,
         access_protected=access_protected,
     )

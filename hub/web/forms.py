@@ -139,6 +139,13 @@ class RentForm(forms.Form):
         max_length=2000,
         help_text="As you would type it in a shell, e.g. python -m http.server 8888",
     )
+    warmup = forms.CharField(
+        required=False,
+        max_length=2000,
+        label="Warm-up command",
+        help_text="Run in the container once its ports answer, before the rental counts as "
+        "running (e.g. curl -sf localhost:8000/warmup). Empty: the template's, if any.",
+    )
     keep_alive_hours = forms.IntegerField(
         required=False,
         min_value=1,
@@ -203,6 +210,15 @@ class RentForm(forms.Form):
         except ValueError as exc:
             raise forms.ValidationError(f"the command cannot be read: {exc}") from None
 
+    def clean_warmup(self) -> list[str] | None:
+        text = self.cleaned_data["warmup"].strip()
+        if not text:
+            return None
+        try:
+            return shlex.split(text)
+        except ValueError as exc:
+            raise forms.ValidationError(f"the warm-up cannot be read: {exc}") from None
+
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean()
         if self.errors:
@@ -218,6 +234,7 @@ class RentForm(forms.Form):
                 ports=cleaned.get("ports"),
                 env=cleaned.get("env") or {},
                 command=cleaned.get("command"),
+                warmup=cleaned.get("warmup"),
                 access_protected=bool(cleaned.get("access_protected")),
             )
         except LeaseError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from typing import Any
 
 from django.contrib import messages
@@ -130,6 +131,7 @@ def _lease_context(lease: Lease) -> dict[str, Any]:
         # web/partials/lease_ssh.html: ssh -J / -L through the gateway (hub/tunnels/renter_ssh.py)
         "ssh": renter_ssh.lease_access(lease),
         "has_ssh_keys": lease.renter.ssh_keys.exists(),
+        "warmup": shlex.join(lease.warmup) if lease.warmup else "",
     }
 
 

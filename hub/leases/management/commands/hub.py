@@ -6,7 +6,9 @@ hub token create --owner USER [--name NAME] [--default-price DOLLARS]
 hub token revoke PREFIX_OR_ID
 hub hosts                                       hosts, status and GPUs
 hub lease start --renter USER [--host HOST] [--gpus SELECTION] [--model NAME] --image IMAGE
-                [--port N ...] [--env K=V ...] [--command ARG ...] [--wait SECONDS] [--protect]
+                [--port N ...] [--env K=V ...] [--warmup CMD] [--wait SECONDS] [--protect]
+                [--command ARG ...]             --warmup runs in the container before the
+                                                lease counts as running
                                                 SELECTION: all, count=N, 0 or 0,1 (indices),
                                                 GPU-<uuid>,...; without --host only count=N
 hub lease release LEASE_ID [--reason REASON]
@@ -21,6 +23,7 @@ hub lease exec LEASE_ID --as ADMIN [--timeout S] -- COMMAND ...
 from __future__ import annotations
 
 import argparse
+import shlex
 import time
 from typing import Any
 
@@ -46,6 +49,13 @@ def _user(username: str) -> User:
         return User.objects.get(username=username)
     except User.DoesNotExist:
         raise CommandError(f"no user {username!r}") from None
+
+
+def _warmup(text: str | None) -> list[str] | None:
+    try:
+        return shlex.split(text) if text else None
+    except ValueError as exc:
+        raise CommandError(f"--warmup cannot be read: {exc}") from None
 
 
 def _host(ref: str) -> Host:
@@ -103,6 +113,9 @@ class Command(BaseCommand):
             "--model", help='with count=N: only GPUs whose name contains this, e.g. "RTX 4090"'
         )
         start.add_argument("--image", required=True)
+        start.add_argument(
+            "--warmup", help="a command run in the container before it counts as running"
+        )
         start.add_argument("--port", type=int, action="append", default=[])
         start.add_argument("--env", action="append", default=[])
         start.add_argument("--command", nargs=argparse.REMAINDER)
@@ -200,6 +213,7 @@ class Command(BaseCommand):
             ports=options["port"],
             env=_env(options["env"]),
             command=options["command"] or None,
+            warmup=_warmup(options["warmup"]),
             access_protected=options["protect"],
         )
         try:
