@@ -121,6 +121,23 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = with_state(commands.add_parser("doctor", help="report what this host can offer"))
     doctor.add_argument("--connectivity", action="store_true", help="also try the hub")
 
+    bench = commands.add_parser(
+        "bench", help="load an OpenAI-compatible endpoint; requests/s, tokens/s, TTFT, ITL"
+    )
+    bench.add_argument("--url", required=True, help="e.g. a rental's URL, http://host:8000/v1")
+    bench.add_argument("--model", required=True)
+    bench.add_argument("--concurrency", type=int, default=1, help="closed loop (default 1)")
+    bench.add_argument("--rate", type=float, help="open loop: new requests a second")
+    bench.add_argument("--isl", type=int, default=128, help="prompt tokens (default 128)")
+    bench.add_argument("--osl", type=int, default=32, help="output tokens (default 32)")
+    bench.add_argument("--dataset", default="random", help="random (the only one)")
+    bench.add_argument("--requests", type=int, default=32, help="requests in all (default 32)")
+    bench.add_argument("--timeout", type=float, default=600, help="seconds per request")
+    bench.add_argument(
+        "--api-key", help="sent as Bearer; default: the OPENAI_API_KEY environment variable"
+    )
+    bench.add_argument("--json", action="store_true", help="print the summary as JSON")
+
     commands.add_parser("version", help="print the agent version and exit")
 
     def with_install(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -241,6 +258,33 @@ def _write_config(state_dir: Path, args: argparse.Namespace, runtime: str, token
     )
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """0 every request answered; 1 some failed (the summary says how); 2 unusable settings."""
+    import json
+
+    from supplier_agent.bench import BenchError, BenchOptions, format_table, run_bench
+
+    options = BenchOptions(
+        url=args.url,
+        model=args.model,
+        concurrency=args.concurrency,
+        isl=args.isl,
+        osl=args.osl,
+        dataset=args.dataset,
+        rate=args.rate,
+        requests=args.requests,
+        api_key=args.api_key or os.environ.get("OPENAI_API_KEY", ""),
+        timeout_s=args.timeout,
+    )
+    try:
+        summary = run_bench(options)
+    except BenchError as exc:
+        print(f"cloudgpu-agent bench: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(json.dumps(summary, indent=2) if args.json else format_table(summary))
+    return EXIT_OK if summary["errors"] == 0 else EXIT_ERROR
+
+
 def _setup_logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level, logging.INFO),
@@ -348,6 +392,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "version":
         print(f"cloudgpu-agent {__version__} (Python {platform.python_version()})")
         return EXIT_OK
+    if args.command == "bench":
+        return cmd_bench(args)
     try:
         if args.command == "configure":
             return cmd_configure(args)
