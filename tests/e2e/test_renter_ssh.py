@@ -174,10 +174,15 @@ def world(
                 stack, gateway, folder, alice, bob, alice_lease, bob_lease, sshd_lease, token
             )
         finally:
-            for container in docker_client.containers.list(  # type: ignore[attr-defined]
-                all=True, filters={"label": "cloudgpu.lease"}
+            # Only this world's rentals' containers: the Docker engine is shared with whatever
+            # else runs on the machine (other tests, a soak).
+            for lease_id in Lease.objects.filter(renter__in=[alice.user, bob.user]).values_list(
+                "pk", flat=True
             ):
-                container.remove(force=True)
+                for container in docker_client.containers.list(  # type: ignore[attr-defined]
+                    all=True, filters={"label": f"cloudgpu.lease={lease_id}"}
+                ):
+                    container.remove(force=True)
 
 
 def _ssh(
