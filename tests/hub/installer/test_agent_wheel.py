@@ -96,7 +96,7 @@ def test_the_script_is_served_as_shell_with_this_hubs_url(
     assert response["Content-Type"].startswith("text/x-shellscript")
     text = response.content.decode()
     assert "local hub=https://hub.example.com\n" in text
-    assert text.rstrip("\n").splitlines()[-1] == 'main "$@"'
+    assert text.rstrip("\n").splitlines()[-1] == 'main "$@" cloudgpu-install-end'
 
 
 def test_the_wheel_is_built_on_first_request(
