@@ -31,6 +31,7 @@ from supplier_agent.protocol import (
 )
 from supplier_agent.runtime import CommandFailed
 from supplier_agent.terminals import Terminals
+from tests.support.loops import run_on_own_loop
 
 pytestmark = pytest.mark.docker
 
@@ -140,7 +141,7 @@ def test_a_shell_echoes_resizes_takes_ctrl_c_and_utf8_and_exits(
         seqs = [f.seq for f in hub.frames if isinstance(f, ExecOutput)]
         assert seqs == list(range(len(seqs)))
 
-    asyncio.run(scenario())
+    run_on_own_loop(scenario())
 
 
 def test_a_one_shot_command_gives_both_streams_and_its_exit_code(
@@ -157,7 +158,7 @@ def test_a_one_shot_command_gives_both_streams_and_its_exit_code(
         assert "to-out" in hub.output(sid)
         assert "to-err" in hub.output(sid)
 
-    asyncio.run(scenario())
+    run_on_own_loop(scenario())
 
 
 def test_closing_ends_a_program_in_the_foreground(container: Any, docker_client: Any) -> None:
@@ -178,7 +179,7 @@ def test_closing_ends_a_program_in_the_foreground(container: Any, docker_client:
         # The container's own `sleep 3600` is its main process (pid 1); no other is left.
         assert all("exec sleep" not in p[-1] for p in sleepers())
 
-    asyncio.run(scenario())
+    run_on_own_loop(scenario())
 
 
 def test_another_leases_terminal_and_too_many_are_refused(
@@ -202,7 +203,7 @@ def test_another_leases_terminal_and_too_many_are_refused(
         terminals.close_all()
         assert terminals.count == 0
 
-    asyncio.run(scenario())
+    run_on_own_loop(scenario())
 
 
 def test_exec_frames_are_checked_like_every_other() -> None:

@@ -21,6 +21,7 @@ from supplier_agent.protocol import TunnelSpec, TunnelState
 from supplier_agent.tunnels import KEY_NAME, TunnelManager
 from tests.support.agents import agent_env, configure, new_token, running_agent
 from tests.support.hub_peer import HubPeer, PeerConnection
+from tests.support.loops import run_on_own_loop
 from tests.support.polling import wait_for
 from tests.support.sshd import TUNNEL_USER, Sshd, free_port, generate_key, port_accepts
 
@@ -459,7 +460,7 @@ def test_a_new_lease_takes_the_spare_key_and_a_new_spare_is_made(tmp_path: Path)
         second = await manager.key_for_new_lease(str(uuid.uuid4()))
         return spare, first, second
 
-    spare, first, second = asyncio.run(scenario())
+    spare, first, second = run_on_own_loop(scenario())
     assert first == spare
     assert second != first
     manager.forget_keys(keep=set())  # a restart's tidy-up keeps the spare's folder

@@ -18,6 +18,7 @@ from hub.lib.ports import free_port, wait_for_port
 from hub.suppliers import liveness
 from tests.hub import factories as f
 from tests.support import hub_stack
+from tests.support.loops import run_on_own_loop
 from tests.support.processes import hub_env, python_module, running
 
 CHUNK_CHARS = 16_000  # near the protocol's 16 KiB per chunk
@@ -88,7 +89,7 @@ def test_more_than_a_mib_kept_reaches_the_page_in_bounded_frames(daphne: int) ->
     # The page shows at most BACKLOG_PAGE_CHARS: it is sent the newest chunks that fit.
     shown = lease_logs.BACKLOG_PAGE_CHARS // CHUNK_CHARS
     try:
-        frames = asyncio.run(_subscribe(daphne, cookie, lease_id, "".join(texts[-shown:])))
+        frames = run_on_own_loop(_subscribe(daphne, cookie, lease_id, "".join(texts[-shown:])))
     finally:
         liveness.sync_client().delete(lease_logs.backlog_key(lease_id))
 
