@@ -214,10 +214,9 @@ class Terminals:
         code = await asyncio.to_thread(_exit_code_and_close, session.process)
         await self._exit(sid, exit_code=code)
 
-    async def _started(self, sid: str) -> ExecProcess | None:
-        session = self._sessions.get(sid)
-        if session is None:
-            return None
+    @staticmethod
+    async def _started(session: _Session) -> ExecProcess | None:
+        """The session's process once it started, or None if it failed or was closed."""
         await session.ready.wait()
         if session.closed:
             return None
@@ -228,7 +227,7 @@ class Terminals:
         if session is None:
             return
         async with session.lock:
-            process = await self._started(message.session_id)
+            process = await self._started(session)
             if process is None:
                 return
             try:
@@ -245,7 +244,7 @@ class Terminals:
         if session is None:
             return
         async with session.lock:
-            process = await self._started(message.session_id)
+            process = await self._started(session)
             if process is None:
                 return
             try:
