@@ -195,6 +195,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
             # Terminals too (a budget of their own in exec_relay.py): typing is many frames.
             await self._exec_frame(message)
             return
+        if isinstance(message, Pong) and terminals.pong_session(message.nonce) is not None:
+            # A terminal's ping answered (terminals.ping_event): back to that terminal only.
+            await self._exec_frame(message)
+            return
         if self._flooding():
             log.warning("agent on host %s sends too many frames; closing", self.host_id)
             await self._close(CLOSE_TOO_MANY_FRAMES)
@@ -322,7 +326,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             self._closing = True
             log.info("agent on host %s: socket closed before a send (%s)", self.host_id, exc)
 
-    async def _exec_frame(self, message: ExecOutput | ExecExit) -> None:
+    async def _exec_frame(self, message: ExecOutput | ExecExit | Pong) -> None:
         delivery = self._exec.from_agent(message)
         if delivery is None:
             return

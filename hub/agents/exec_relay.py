@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from hub.leases import terminals
-from supplier_agent.protocol import ExecExit, ExecOutput
+from supplier_agent.protocol import ExecExit, ExecOutput, Pong
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,9 @@ class ExecRoutes:
             },
         )
 
-    def from_agent(self, message: ExecOutput | ExecExit) -> Delivery | None:
+    def from_agent(self, message: ExecOutput | ExecExit | Pong) -> Delivery | None:
+        if isinstance(message, Pong):
+            return self._pong(message)
         route = self._routes.get(message.session_id)
         if route is None:
             return None  # not a session of this connection: dropped unread
@@ -81,6 +83,17 @@ class ExecRoutes:
         if not self._within_budget(len(message.data)):
             return None
         return Delivery(route, {"type": terminals.OUTPUT, "data": message.data})
+
+    def _pong(self, message: Pong) -> Delivery | None:
+        answered = terminals.pong_session(message.nonce)
+        if answered is None:
+            return None
+        session_id, nonce = answered
+        route = self._routes.get(session_id)
+        # Counted like output: an agent cannot flood a browser with made-up pongs either.
+        if route is None or not self._within_budget(len(nonce)):
+            return None
+        return Delivery(route, {"type": terminals.PONG, "nonce": nonce})
 
     def _within_budget(self, size: int) -> bool:
         now = time.monotonic()

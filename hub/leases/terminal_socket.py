@@ -3,9 +3,11 @@
 channel layer, and the agent's output back. Subclasses say who the person is.
 
 Client -> hub, JSON text frames: ``{"type": "input", "data": "ls\\r"}``,
-``{"type": "resize", "cols": 120, "rows": 40}``. Hub -> client: ``{"type": "output", "data":
-...}`` as the process writes, then one ``{"type": "exit", "exit_code": 0 | null, "error": null |
-"why"}`` and the close. Closing the socket ends the session's process.
+``{"type": "resize", "cols": 120, "rows": 40}``, ``{"type": "ping", "nonce": "7"}`` (up to 32
+letters, digits, ``-``, ``_``). Hub -> client: ``{"type": "output", "data": ...}`` as the process
+writes, ``{"type": "pong", "nonce": "7"}`` once the agent itself answered the ping (the round
+trip to the host, the container left out), then one ``{"type": "exit", "exit_code": 0 | null,
+"error": null | "why"}`` and the close. Closing the socket ends the session's process.
 """
 
 from __future__ import annotations
@@ -106,6 +108,10 @@ class TerminalSocket(AsyncWebsocketConsumer):
                 and 1 <= rows <= MAX_TERMINAL_ROWS
             ):
                 await self._to_agent(terminals.resize_event(opened.session_id, cols, rows))
+        elif kind == "ping":
+            nonce = terminals.ping_nonce(message.get("nonce"))
+            if nonce is not None:
+                await self._to_agent(terminals.ping_event(opened.session_id, nonce))
 
     def _too_fast(self, size: int) -> bool:
         now = time.monotonic()
@@ -128,16 +134,21 @@ class TerminalSocket(AsyncWebsocketConsumer):
         if opened is None or self.exited:
             return
         self.exited = True
-        await self._to_agent(terminals.close_event(opened.session_id))
+        # The reason first: the agent's exec_exit for this close may be noted in the meantime.
         await database_sync_to_async(terminals.note_closed)(
             opened.session_id, reason="closed by the renter"
         )
+        await self._to_agent(terminals.close_event(opened.session_id))
 
     # --- channel layer events from the agent's socket -------------------------------------
 
     async def terminal_output(self, event: dict[str, Any]) -> None:
         if not self.exited:
             await self.send(text_data=json.dumps({"type": "output", "data": event["data"]}))
+
+    async def terminal_pong(self, event: dict[str, Any]) -> None:
+        if not self.exited:
+            await self.send(text_data=json.dumps({"type": "pong", "nonce": event["nonce"]}))
 
     async def terminal_exit(self, event: dict[str, Any]) -> None:
         await self._finish(event.get("exit_code"), event.get("error"), code=1000)

@@ -30,6 +30,7 @@ from supplier_agent.protocol import (
     ExecInput,
     ExecOpen,
     ExecResize,
+    Ping,
     encode,
 )
 
@@ -41,6 +42,12 @@ MAX_COMMAND_TIMEOUT_S = 3600
 TO_AGENT = "agent.exec"
 OUTPUT = "terminal.output"
 EXIT = "terminal.exit"
+PONG = "terminal.pong"
+
+# A renter's ping rides the agent protocol's ping with this nonce: "exec:<session id>:<theirs>".
+# The agent answers every ping the same way; the prefix tells the hub's socket whose it is.
+PING_PREFIX = "exec:"
+MAX_PING_NONCE = 32
 
 
 class TerminalRefused(Exception):
@@ -141,6 +148,33 @@ def input_event(session_id: str, data: str) -> dict[str, str]:
 def resize_event(session_id: str, cols: int, rows: int) -> dict[str, str]:
     frame = encode(ExecResize(session_id=session_id, cols=cols, rows=rows))
     return {"type": TO_AGENT, "session_id": session_id, "frame": frame}
+
+
+def ping_event(session_id: str, nonce: str) -> dict[str, str]:
+    """A round trip to the agent through the session's own path (the keystrokes' sockets and
+    the agent's receive loop), without the container: the terminal shows it as its latency."""
+    frame = encode(Ping(nonce=f"{PING_PREFIX}{session_id}:{nonce}"))
+    return {"type": TO_AGENT, "session_id": session_id, "frame": frame}
+
+
+def ping_nonce(value: object) -> str | None:
+    """A client's ping nonce, if it is one: short, printable ASCII letters, digits, - and _."""
+    if (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_PING_NONCE
+        and value.isascii()
+        and value.replace("-", "").replace("_", "").isalnum()
+    ):
+        return value
+    return None
+
+
+def pong_session(nonce: str) -> tuple[str, str] | None:
+    """(session id, the client's nonce) of a pong answering ``ping_event``, else None."""
+    if not nonce.startswith(PING_PREFIX):
+        return None
+    session_id, sep, theirs = nonce[len(PING_PREFIX) :].partition(":")
+    return (session_id, theirs) if sep else None
 
 
 def close_event(session_id: str) -> dict[str, str]:

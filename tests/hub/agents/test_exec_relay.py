@@ -9,7 +9,14 @@ import uuid
 from hub.agents import exec_relay
 from hub.agents.exec_relay import ExecRoutes
 from hub.leases import terminals
-from supplier_agent.protocol import ExecExit, ExecOutput
+from supplier_agent.protocol import (
+    HUB_TO_AGENT,
+    ExecExit,
+    ExecOutput,
+    Ping,
+    Pong,
+    parse_message,
+)
 
 
 def _open(routes: ExecRoutes, reply_to: str) -> str:
@@ -80,3 +87,28 @@ def test_a_closed_connection_tells_every_opener() -> None:
     assert set(ended) == {a, b}
     assert all(d.event["error"] == "gone" for d in ended.values())
     assert len(routes) == 0
+
+
+def test_a_terminals_ping_comes_back_to_that_terminal_only() -> None:
+    routes = ExecRoutes()
+    sid = _open(routes, "browser-a")
+    event = terminals.ping_event(sid, "n-7")
+    assert routes.to_agent(event) == event["frame"]  # rides the session's own route out
+    ping = parse_message(event["frame"], allowed=HUB_TO_AGENT)
+    assert isinstance(ping, Ping)
+    answered = routes.from_agent(Pong(nonce=ping.nonce))  # what the agent answers
+    assert answered is not None
+    assert answered.channel == "browser-a"
+    assert answered.event == {"type": terminals.PONG, "nonce": "n-7"}
+    # Pongs an agent makes up for sessions it was not given, or of no terminal, reach nobody.
+    for nonce in (f"exec:{uuid.uuid4()}:1", "exec:", "exec:x", "hub-probe", f"{sid}:1"):
+        assert routes.from_agent(Pong(nonce=nonce)) is None
+    routes.from_agent(ExecExit(session_id=sid, exit_code=0))
+    assert routes.from_agent(Pong(nonce=ping.nonce)) is None  # the session ended
+
+
+def test_a_clients_ping_nonce_is_short_and_plain() -> None:
+    for good in ("1", "a-b_C9", "x" * terminals.MAX_PING_NONCE):
+        assert terminals.ping_nonce(good) == good
+    for bad in ("", "x" * (terminals.MAX_PING_NONCE + 1), "a:b", "é", "a b", 7, None, ["1"]):
+        assert terminals.ping_nonce(bad) is None
