@@ -11,7 +11,8 @@ exec` pty -> and all the way back.
 Baselines, same run:
 - *B_agent_rtt*, the WebSocket round trip to the agent: the terminal socket's own ``ping``,
   which goes client -> Daphne -> the agent's socket -> the agent's receive loop, is answered
-  there and comes back the same way; the keystroke's path without the container.
+  there and comes back the same way; the keystroke's path without the container. One ping
+  just before each key, so the two figures see the same moment's load.
 - *B_ws_ping*, a protocol-level WebSocket ping/pong between this client and Daphne (one hop of
   the path, answered below the application).
 - *B_exec*, the same keystroke echo through `docker exec` straight from this process (the
@@ -40,10 +41,18 @@ from bench.dispatch import _people, _wait_online, _wait_state, start_docker_agen
 WARMUP_KEYS = 20
 
 
-def _echo_times(send: Any, read_until: Any, keys: int) -> list[float]:
-    """Type 'x' and erase it (a backspace echoes as "\\b \\b"), timing each echo."""
-    samples = []
+def _echo_times(
+    send: Any, read_until: Any, keys: int, ping: Any = None, gap_s: float = 0.0
+) -> tuple[list[float], list[float]]:
+    """Type 'x' and erase it (a backspace echoes as "\\b \\b"), timing each echo; with
+    ``ping``, a round trip to the agent before each key, so both see the same load. Each
+    ping and key comes ``gap_s`` after the last answer, at a typist's pace: with none, the
+    processes on the path never go idle, as they do between a person's keystrokes."""
+    samples, rtts = [], []
     for n in range(keys + WARMUP_KEYS):
+        time.sleep(gap_s)  # the workload's pace, not a wait for anything
+        rtt = ping(n) if ping is not None else 0.0
+        time.sleep(gap_s)
         started = time.perf_counter()
         send("x")
         read_until("x")
@@ -52,7 +61,8 @@ def _echo_times(send: Any, read_until: Any, keys: int) -> list[float]:
         read_until("\b")
         if n >= WARMUP_KEYS:
             samples.append(took)
-    return samples
+            rtts.append(rtt)
+    return samples, rtts
 
 
 def read_until_prompt(ws: Any) -> None:
@@ -64,22 +74,17 @@ def read_until_prompt(ws: Any) -> None:
         text += message["data"]
 
 
-def agent_round_trips(ws: Any, count: int) -> list[float]:
+def agent_round_trip(ws: Any, n: int) -> float:
     """The terminal socket's ping: to the host's agent and back (nothing else is in flight)."""
-    samples = []
-    for n in range(count + WARMUP_KEYS):
-        nonce = f"b{n}"
-        started = time.perf_counter()
-        ws.send(json.dumps({"type": "ping", "nonce": nonce}))
-        while True:
-            message = json.loads(ws.recv(timeout=10))
-            if message["type"] == "pong" and message["nonce"] == nonce:
-                break
-            if message["type"] == "exit":
-                raise RuntimeError(f"the session ended: {message}")
-        if n >= WARMUP_KEYS:
-            samples.append(time.perf_counter() - started)
-    return samples
+    nonce = f"b{n}"
+    started = time.perf_counter()
+    ws.send(json.dumps({"type": "ping", "nonce": nonce}))
+    while True:
+        message = json.loads(ws.recv(timeout=10))
+        if message["type"] == "pong" and message["nonce"] == nonce:
+            return time.perf_counter() - started
+        if message["type"] == "exit":
+            raise RuntimeError(f"the session ended: {message}")
 
 
 def direct_exec(container_id: str, keys: int) -> list[float]:
@@ -100,7 +105,7 @@ def direct_exec(container_id: str, keys: int) -> list[float]:
     time.sleep(0.5)  # let the prompt print before the first key (a bench, not a test)
     process.read(4096)
     try:
-        return _echo_times(lambda k: process.write(k.encode()), read_until, keys)
+        return _echo_times(lambda k: process.write(k.encode()), read_until, keys)[0]
     finally:
         process.close()
         client.close()
@@ -109,6 +114,9 @@ def direct_exec(container_id: str, keys: int) -> list[float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--keys", type=int, default=300)
+    parser.add_argument(
+        "--gap-ms", type=float, default=50.0, help="pause before each key and ping (typing pace)"
+    )
     args = parser.parse_args()
 
     env = common.bench_env()
@@ -143,7 +151,6 @@ def main() -> None:
                     pings.append(time.perf_counter() - started)
                 buffer = ""
                 read_until_prompt(ws)
-                agent_rtts = agent_round_trips(ws, 300)
 
                 def read_until(text: str) -> None:
                     nonlocal buffer
@@ -157,7 +164,13 @@ def main() -> None:
                 def send(key: str) -> None:
                     ws.send(json.dumps({"type": "input", "data": key}))
 
-                echoes = _echo_times(send, read_until, args.keys)
+                echoes, agent_rtts = _echo_times(
+                    send,
+                    read_until,
+                    args.keys,
+                    lambda n: agent_round_trip(ws, n),
+                    gap_s=args.gap_ms / 1000,
+                )
             direct = direct_exec(lease.container_id, args.keys)
             release_lease(lease.pk)
             _wait_state(lease.pk, ("ended",))
@@ -168,6 +181,7 @@ def main() -> None:
     b_agent = common.median(agent_rtts)
     result.update(
         keys=args.keys,
+        gap_ms=args.gap_ms,
         baselines={
             "B_agent_rtt_ms": common.summary([x * 1000 for x in agent_rtts]),
             "B_ws_ping_ms": common.summary([x * 1000 for x in pings]),
