@@ -122,9 +122,11 @@ def allocate(lease: Lease) -> list[Tunnel]:
 
 def docker_run_spec(lease: Lease) -> dict[str, Any] | None:
     """The ``tunnel`` field of the lease's docker_run, or None when it has no tunnels."""
-    tunnels = list(lease.tunnels.filter(closed_at__isnull=True))
     keys = host_keys()
-    if not tunnels or not keys:
+    if not keys:
+        return None  # tunnels off: no query (a rent checks its docker_run in its transaction)
+    tunnels = list(lease.tunnels.filter(closed_at__isnull=True))
+    if not tunnels:
         return None
     return {
         "host": settings.TUNNEL_GATEWAY_SSH_HOST,

@@ -185,6 +185,8 @@ def wire_mounts(mounts: list[Mount]) -> list[dict[str, Any]]:
 def note_mounted(lease: Lease, now: datetime) -> None:
     """A lease with volumes was granted: they exist on the host from now on (caches too)."""
     names = [v["name"] for v in lease.volumes or []]
+    if not names and not lease.cache_volume:
+        return  # most rentals: no statement at all in the rent's transaction
     # Locked and checked again in the lease's transaction: a delete racing this rent either
     # sees the lease (and refuses) or wins (and this rent is refused).
     volumes = list(Volume.objects.select_for_update().filter(wire_name__in=names))

@@ -12,6 +12,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from hub.leases import services, tasks
@@ -635,3 +636,20 @@ def test_services_send_commands_to_the_dispatch_task_by_its_name() -> None:
     """The services enqueue the dispatch by name (the task module builds on them): the name
     must be the task's."""
     assert tasks.dispatch_command.name == services.DISPATCH_TASK
+
+
+def test_a_plain_rent_costs_a_fixed_handful_of_statements(host: Host) -> None:
+    """Issue 15's dispatch: the rent's transaction is on every rental's path. No volumes and no
+    tunnels cost no statement; the count does not grow with the host's GPUs or leases."""
+    f.start_lease(host, [1])
+    with CaptureQueriesContext(connection) as queries:
+        f.start_lease(host, [0])
+    statements = [
+        q["sql"]
+        for q in queries.captured_queries
+        if not q["sql"].startswith(("SAVEPOINT", "RELEASE"))
+    ]
+    # user (the renter made), the renter's row locked, host, GPUs, active grant check, epoch,
+    # lease, grant, reserve command
+    assert len(statements) == 9, "\n".join(statements)
+    assert not any("volumes_volume" in s or "tunnels_tunnel" in s for s in statements)
