@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import tempfile
 import threading
 import time
+import tracemalloc
 import uuid
 from pathlib import Path
 from typing import Any
@@ -232,6 +235,30 @@ def _keep_chatty(renter: Any, host: Any, spec: Any, leases: list[str], counters:
         leases[gpu] = str(lease.pk)
 
 
+def _warm_up_s(minutes: float) -> float:
+    return max(300.0, minutes * 60 / 6)
+
+
+def _snapshot_growth(folder: Path, top: int = 25) -> list[dict[str, Any]]:
+    """What grew between the web process's first and last tracemalloc snapshots, by line."""
+    deadline = time.monotonic() + 60
+    while len(dumps := sorted(folder.glob("web-*.tracemalloc"))) < 2:
+        if time.monotonic() > deadline:
+            return []
+        time.sleep(1)
+    first, last = (tracemalloc.Snapshot.load(str(path)) for path in (dumps[0], dumps[-1]))
+    return [
+        {
+            "where": str(stat.traceback[0]),
+            "stack": [str(frame) for frame in stat.traceback][:6],
+            "size_diff_kib": round(stat.size_diff / 1024, 1),
+            "count_diff": stat.count_diff,
+            "size_kib": round(stat.size / 1024, 1),
+        }
+        for stat in last.compare_to(first, "traceback")[:top]
+    ]
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import docker
     from django.test import Client
@@ -242,7 +269,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # Its own scratch database: other benches' cloudgpu_bench may be in use on the same server.
     common.BENCH_DATABASE = args.database
     port = free_port()
-    env = common.bench_env(HUB_PUBLIC_URL=f"http://127.0.0.1:{port}")
+    log_dir = Path(args.log_dir) if args.log_dir else common.LOG_DIR
+    log_dir.mkdir(parents=True, exist_ok=True)
+    common.LOG_DIR.mkdir(parents=True, exist_ok=True)  # the agent's log (bench.dispatch)
+    # INFO: the web process logs each scheduled full collection with its pause (hub/serve.py).
+    env = common.bench_env(HUB_PUBLIC_URL=f"http://127.0.0.1:{port}", LOG_LEVEL="INFO")
+    snapshots = log_dir / "tracemalloc"
+    if args.tracemalloc:
+        # The web process traces once started, and dumps a snapshot on SIGUSR2 (hub/serve.py).
+        snapshots.mkdir(exist_ok=True)
+        env.update(HUB_TRACEMALLOC_DIR=str(snapshots))
     common.prepare(env)
     image = common.build_busybox_image()
     common.setup_django(env)
@@ -255,7 +291,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     docker_client = docker.from_env(timeout=60)
     stop = threading.Event()
     with (
-        common.Hub(env, port=port).start() as hub,
+        common.Hub(env, port=port, log_dir=log_dir).start() as hub,
         tempfile.TemporaryDirectory(prefix="cloudgpu-soak-") as folder,
     ):
         supplier, renter, token = _people(env, f"soak{uuid.uuid4().hex[:4]}")
@@ -296,10 +332,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 thread.start()
             pids = {name: hub.pid(name) for name in ("web", "worker", "beat")}
             pids["agent"] = agent.pid
-            ends_at = time.monotonic() + args.minutes * 60
+            began = time.monotonic()
+            ends_at = began + args.minutes * 60
+            snapshot_at = [began + _warm_up_s(args.minutes), ends_at]
             while True:
                 _keep_chatty(renter, host, chatty, leases, counters)
                 samples.append(_sample(env, pids, state, docker_client, agent_id))
+                if args.tracemalloc and snapshot_at and time.monotonic() >= snapshot_at[0]:
+                    snapshot_at.pop(0)
+                    os.kill(pids["web"], signal.SIGUSR2)
                 if time.monotonic() >= ends_at:
                     break
                 print(json.dumps({k: round(v, 2) for k, v in samples[-1].items()}), flush=True)
@@ -313,7 +354,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     release_lease(lease_id)
             common.stop_tree(agent)
     docker_client.close()
-    warm_up_s = max(300.0, args.minutes * 60 / 6)
+    warm_up_s = _warm_up_s(args.minutes)
+    if args.tracemalloc:
+        result["tracemalloc_growth"] = _snapshot_growth(snapshots)
     start = samples[0]["t"]
     settled = [s for s in samples if s["t"] - start >= warm_up_s] or samples
     keys = [k for k in samples[-1] if k != "t"]
@@ -390,11 +433,19 @@ def main() -> None:
         help="the agent's container_log_mib: small, so the bound is reached within the run",
     )
     soak.add_argument("--database", default="cloudgpu_soak", help="scratch database's name")
+    soak.add_argument("--log-dir", default="", help="the hub's logs (default bench's own)")
+    soak.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="trace the web process's allocations and report what grew after the warm-up "
+        "(slower, and RSS then includes tracemalloc's own)",
+    )
+    soak.add_argument("--result", default="soak", help="bench/results/<name>.json")
     leases = sub.add_parser("agent-leases")
     leases.add_argument("--leases", type=int, default=20000)
     args = parser.parse_args()
     if args.mode == "run":
-        common.write_result("soak", run(args))
+        common.write_result(args.result, run(args))
     else:
         common.write_result("soak-agent-leases", agent_leases(args))
 

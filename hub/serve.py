@@ -12,17 +12,24 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
+import signal
 import sys
 import time
+import tracemalloc
+from pathlib import Path
 from typing import Any, TextIO
 
 from daphne import server as daphne_server
 from daphne.access import AccessLogGenerator
 from daphne.cli import CommandLineInterface
 from daphne.server import Server
+from django.conf import settings
 from twisted.internet import reactor
+from twisted.internet.task import LoopingCall
 
 from hub.lib.compat_daphne import http_channel_of, replace_http_factory
+from hub.lib.gc_schedule import FullCollections
 from hub.lib.redact import redact
 
 
@@ -156,7 +163,9 @@ class RedactingCommandLineInterface(CommandLineInterface):
         # Importing the app ran django.setup(), whose LOGGING replaced the root handlers.
         install_log_filter()
         tune_garbage_collection()
-        return application
+        schedule_full_collections()
+        install_snapshot_signal()
+        return ResponseSizes(application)
 
 
 # Garbage collection. With 10,000 agent sockets the web process holds a few million objects,
@@ -193,6 +202,86 @@ def tune_garbage_collection() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
     if _time_collections not in gc.callbacks:
         gc.callbacks.append(_time_collections)
+
+
+# ... but full collections still come on a bounded schedule (hub/lib/gc_schedule.py): every
+# GC_FULL_INTERVAL_S at most, sooner after GC_LARGE_RESPONSES_MIB of responses of 1 MiB or
+# more. The schedule is looked at every GC_TICK_S from the reactor, between events, so a
+# collection never interrupts a request half-way; each one's pause is logged.
+GC_TICK_S = 5.0
+full_collections: FullCollections | None = None
+
+
+def schedule_full_collections() -> LoopingCall:
+    global full_collections
+    schedule = FullCollections(
+        interval_s=settings.GC_FULL_INTERVAL_S,
+        large_bytes=settings.GC_LARGE_RESPONSES_MIB * 1024 * 1024,
+    )
+    if full_collections is not None and full_collections.on_gc in gc.callbacks:
+        gc.callbacks.remove(full_collections.on_gc)
+    full_collections = schedule
+    gc.callbacks.append(schedule.on_gc)
+    call = LoopingCall(collect_if_due, schedule)
+    call.clock = reactor
+    call.start(GC_TICK_S, now=False)
+    return call
+
+
+def collect_if_due(schedule: FullCollections) -> None:
+    done = schedule.tick()
+    if done is not None:
+        log.info(
+            "full garbage collection (%s): %d unreachable objects, paused %.0f ms",
+            done.reason,
+            done.unreachable,
+            done.paused_s * 1000,
+        )
+
+
+class ResponseSizes:
+    """The ASGI application, counting the bytes of each HTTP response for the schedule."""
+
+    def __init__(self, application: Any) -> None:
+        self.application = application
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        schedule = full_collections
+        if scope.get("type") != "http" or schedule is None:
+            await self.application(scope, receive, send)
+            return
+        sent = 0
+
+        async def counting_send(message: dict[str, Any]) -> None:
+            nonlocal sent
+            if message.get("type") == "http.response.body":
+                sent += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    schedule.note_response(sent)
+            await send(message)
+
+        await self.application(scope, receive, counting_send)
+
+
+# Profiling (docs/benchmarks.md, issue 23's soak): with HUB_TRACEMALLOC_DIR set, the web
+# process traces its allocations once the application is loaded (12 frames each) and SIGUSR2
+# writes a tracemalloc snapshot there. Nothing otherwise: tracing slows everything down.
+TRACEMALLOC_FRAMES = 12
+
+
+def install_snapshot_signal() -> None:
+    folder = os.environ.get("HUB_TRACEMALLOC_DIR", "")
+    if not folder:
+        return
+    if not tracemalloc.is_tracing():
+        tracemalloc.start(TRACEMALLOC_FRAMES)
+
+    def snapshot(signum: int, frame: Any) -> None:
+        path = Path(folder) / f"web-{os.getpid()}-{time.time():.0f}.tracemalloc"
+        tracemalloc.take_snapshot().dump(str(path))
+        log.info("tracemalloc snapshot written to %s", path)
+
+    signal.signal(signal.SIGUSR2, snapshot)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -382,6 +382,13 @@ CELERY_BEAT_SCHEDULE["expire-due-leases"] = {
 # Redis this long after the end (its exit-time log tail stays in Postgres).
 COMMAND_RETENTION_DAYS = env_int("COMMAND_RETENTION_DAYS", 30)
 LOG_BACKLOG_AFTER_END_S = env_int("LOG_BACKLOG_AFTER_END_S", 3600)
+# The web process's full garbage collections (hub/serve.py, hub/lib/gc_schedule.py): at least
+# every GC_FULL_INTERVAL_S, sooner once GC_LARGE_RESPONSES_MIB of responses of 1 MiB or more
+# went out since the last one (not closer than 30 s).
+GC_FULL_INTERVAL_S = env_int("GC_FULL_INTERVAL_S", 600)
+GC_LARGE_RESPONSES_MIB = env_int("GC_LARGE_RESPONSES_MIB", 1024)
+if GC_FULL_INTERVAL_S < 30 or GC_LARGE_RESPONSES_MIB < 1:
+    raise ImproperlyConfigured("GC_FULL_INTERVAL_S must be at least 30, GC_LARGE_RESPONSES_MIB 1")
 LEASE_RETENTION_INTERVAL_S = env_int("LEASE_RETENTION_INTERVAL_S", 600)
 if COMMAND_RETENTION_DAYS < 1 or LOG_BACKLOG_AFTER_END_S < 0 or LEASE_RETENTION_INTERVAL_S < 1:
     raise ImproperlyConfigured(

@@ -569,7 +569,13 @@ class Agent:
         if command.tunnel is not None:
             require_tools()  # before the container: without ssh nobody could reach it
         claim.paid_until = command.paid_until
-        outcome = await self.runtime.start(command, claim)
+        if command.warmup:
+            # The warm-up runs before the ack: its output goes out as the lease's log_chunk
+            # frames while it runs, so the renter's page shows it live (same byte budget).
+            with self.logs.streaming(command.lease_id) as output:
+                outcome = await self.runtime.start(command, claim, output=output)
+        else:
+            outcome = await self.runtime.start(command, claim)
         claim.container_id = outcome.container_id
         claim.ports = dict(outcome.ports)
         if command.tunnel is None and claim.tunnel is not None:  # an earlier run had one

@@ -109,6 +109,10 @@ def container_log_config(max_bytes: int) -> LogConfig:
     )
 
 
+def _discard(data: bytes) -> None:
+    """Where a warm-up's output goes when nobody streams it (only its last lines are kept)."""
+
+
 def _engine_errors(method: Callable[P, T]) -> Callable[P, T]:
     """Turn a dead engine or an unclassified Docker refusal into a ContainerError."""
 
@@ -291,10 +295,13 @@ class ContainerRuntime:
         agent_id: str,
         ready_timeout_s: float = 300,
         gpu_uuids: Sequence[str] = (),
+        warmup_output: Callable[[bytes], None] | None = None,
     ) -> RunResult:
         """Create, start, wait for every declared port, warm up; a failed start is removed.
 
         ``ready_timeout_s`` counts from the start, so a long pull does not eat into it.
+        ``warmup_output`` gets the warm-up's output as it comes (a line naming it first, one
+        saying it finished last), for the renter's live page.
         """
         if self.gpu_devices == "nvidia":
             refusal = toolkit_refusal(toolkit_version(), risk_accepted=self.toolkit_risk_accepted)
@@ -313,7 +320,9 @@ class ContainerRuntime:
                 # ack never went out, e.g. the agent was killed mid-warm-up, and nothing records
                 # that a warm-up finished. Warm-ups are meant to be safe to repeat (downloads,
                 # compiles); skipping one reported a cold rental as running.
-                self._warm_up(spec.lease_id, container_id, spec.warmup, deadline)
+                self._warm_up(
+                    spec.lease_id, container_id, spec.warmup, deadline, output=warmup_output
+                )
         except (ContainerError, DockerException):
             # A half-started container would hold the GPUs and later surface as an "exit"; a
             # retried docker_run starts from scratch. A renter's running one is left alone.
@@ -568,9 +577,17 @@ class ContainerRuntime:
             time.sleep(0.5)
 
     def _warm_up(
-        self, lease_id: str, container_id: str, command: Sequence[str], deadline: float
+        self,
+        lease_id: str,
+        container_id: str,
+        command: Sequence[str],
+        deadline: float,
+        *,
+        output: Callable[[bytes], None] | None = None,
     ) -> None:
         shown = shlex.join(command)
+        sink = output or _discard
+        sink(f"[warm-up] {shown}\n".encode())
         exec_id = self.client.api.exec_create(container_id, list(command))["Id"]
         timed_out = threading.Event()
 
@@ -589,6 +606,7 @@ class ContainerRuntime:
         try:
             partial = ""
             for chunk in stream:
+                sink(chunk)
                 *complete, partial = (partial + chunk.decode("utf-8", "replace")).split("\n")
                 lines.extend(complete)
             lines.append(partial)
@@ -609,6 +627,7 @@ class ContainerRuntime:
                 f"warm-up `{shown}` failed with exit code {state.get('ExitCode')}; "
                 f"last lines:\n{tail}"
             )
+        sink(b"\n[warm-up] finished\n" if partial else b"[warm-up] finished\n")
 
     def _fail_if_exited(self, container: Container, when: str) -> None:
         if container.status in {"exited", "dead"}:

@@ -106,7 +106,9 @@ class DockerRuntime:
         indices = await asyncio.to_thread(self._resolve, selector)
         return await asyncio.to_thread(self._reserve, lease_id, indices)
 
-    async def start(self, command: DockerRun, claim: Claim) -> RunOutcome:
+    async def start(
+        self, command: DockerRun, claim: Claim, *, output: LogSink | None = None
+    ) -> RunOutcome:
         uuids = [self.nvml.uuid_for_index(i) for i in claim.gpu_indices]
         if command.volumes:
             refusal = await asyncio.to_thread(self.janitor.refusal, command.volumes)
@@ -121,6 +123,7 @@ class DockerRuntime:
                 claim.gpu_indices,
                 agent_id=self.agent_id,
                 gpu_uuids=[u for u in uuids if u is not None],
+                warmup_output=output,
             )
         except ContainerError as exc:
             raise CommandFailed(str(exc)) from None

@@ -13,11 +13,12 @@ Chunks reach the agent's outbox through ``emit``, which hands them to the event 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -201,6 +202,32 @@ class LogFollowers:
         follower.threads = [reader, flusher]
         reader.start()
         flusher.start()
+
+    @contextlib.contextmanager
+    def streaming(self, lease_id: str) -> Iterator[LogSink]:
+        """A sink whose bytes leave as the lease's ``log_chunk`` frames, with a follower's
+        budget and pacing, until the block ends (then what waits is flushed).
+
+        For output that is not the container's own log, such as the warm-up's ``docker exec``
+        while the lease starts: the hub keeps it in the lease's backlog and a page that follows
+        the lease shows it as it comes, before the lease runs.
+        """
+        pump = LogPump(lambda text: self._emit(lease_id, text))
+        done = threading.Event()
+
+        def tick() -> None:
+            waiting = False
+            while not done.wait(pump.min_gap_s if waiting else FLUSH_INTERVAL_S):
+                waiting = pump.flush()
+
+        flusher = threading.Thread(target=tick, daemon=True, name=f"log-stream-{lease_id[:8]}")
+        flusher.start()
+        try:
+            yield pump.feed
+        finally:
+            done.set()
+            flusher.join(timeout=10)
+            pump.flush(final=True)
 
     def stop(self, lease_id: str) -> None:
         with self._lock:

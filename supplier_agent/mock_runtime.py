@@ -59,7 +59,9 @@ class MockRuntime:
         self._held[lease_id] = (0,)
         return ReserveOutcome(gpu_indices=(0,), warnings=("mock runtime: nothing was claimed",))
 
-    async def start(self, command: DockerRun, claim: Claim) -> RunOutcome:
+    async def start(
+        self, command: DockerRun, claim: Claim, *, output: LogSink | None = None
+    ) -> RunOutcome:
         ports = await self._pages.open(command.lease_id, [str(port) for port in command.ports])
         return RunOutcome(
             container_id=f"mock-{command.lease_id}",

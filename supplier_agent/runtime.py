@@ -42,7 +42,12 @@ class Runtime(Protocol):
         self, lease_id: str, selector: tuple[int, ...] | tuple[str, ...]
     ) -> ReserveOutcome: ...
 
-    async def start(self, command: DockerRun, claim: Claim) -> RunOutcome: ...
+    async def start(
+        self, command: DockerRun, claim: Claim, *, output: Callable[[bytes], None] | None = None
+    ) -> RunOutcome:
+        """Start the lease's container and warm it up; ``output`` (called from a thread), if
+        given, gets the warm-up's output as it comes."""
+        ...
 
     async def release(self, lease_id: str, claim: Claim | None) -> list[str]: ...
 

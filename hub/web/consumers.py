@@ -41,6 +41,7 @@ CLOSE_UNAUTHENTICATED = 4401
 # Well inside the agent's LOG_FOLLOW_TTL_S (60 s): one lost renewal does not stop the stream.
 LOG_RENEW_S = 30.0
 MAX_LOG_SUBSCRIPTIONS = 4
+STARTING_STATES = frozenset({Lease.State.PENDING, Lease.State.RESERVING, Lease.State.STARTING})
 
 
 def snapshot(user_id: int) -> dict[str, Any]:
@@ -116,6 +117,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         self.poller: asyncio.Task[None] | None = None
         self.log_renewers: dict[str, asyncio.Task[None]] = {}
         self.log_seen: dict[str, int] = {}  # lease id -> newest seq sent to the page
+        # lease id -> the tail the agent's first follow asks for, for a page that subscribed
+        # before the lease ran: its backlog may hold the warm-up's output, not the container's.
+        self.log_tail_due: dict[str, int] = {}
         await self.accept()
         self.poller = asyncio.create_task(self._poll())
 
@@ -152,7 +156,8 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             return
         if lease_id in self.log_renewers:
             # Asked again (the page saw the lease start running): ask the agent now.
-            await self._ask_agent(lease_id, *found, tail=0)
+            tail = self.log_tail_due.pop(lease_id, 0) if found[0] == Lease.State.RUNNING else 0
+            await self._ask_agent(lease_id, *found, tail=tail)
             return
         if len(self.log_renewers) >= MAX_LOG_SUBSCRIPTIONS:
             await self.send_json(
@@ -171,6 +176,10 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
                 {"type": "log", "lease_id": lease_id, "seq": seq, "data": data, "backlog": n == 0}
             )
         tail = 0 if kept else lease_logs.FIRST_TAIL_LINES
+        if found[0] in STARTING_STATES:
+            # Nothing follows the container yet; what is kept is at most its warm-up's output
+            # (streamed by the agent before the start's ack), not the container's first lines.
+            self.log_tail_due[lease_id] = lease_logs.FIRST_TAIL_LINES
         await self._ask_agent(lease_id, *found, tail=tail)
         self.log_renewers[lease_id] = asyncio.create_task(self._renew(lease_id))
 
@@ -182,6 +191,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
         with contextlib.suppress(asyncio.CancelledError):
             await renewer
         self.log_seen.pop(lease_id, None)
+        self.log_tail_due.pop(lease_id, None)
         await self.channel_layer.group_discard(lease_logs.group_name(lease_id), self.channel_name)
 
     async def _ask_agent(self, lease_id: str, state: str, channel: str, *, tail: int) -> None:

@@ -290,6 +290,42 @@ def test_a_kill_9_during_warm_up_never_reports_the_lease_running_unwarmed(
             assert warm_ups() == 2  # ran again to the end, not skipped
 
 
+def test_the_warm_up_output_reaches_the_hub_as_log_chunks_before_the_ack(
+    host: Host, docker_client: object, busybox_image: str, lease_cleanup: list[str], tmp_path: Path
+) -> None:
+    # Issue 21 item 2: the renter's page shows the warm-up's output while it runs. It waits
+    # for a file the test makes only after the first line arrived as the lease's log_chunk.
+    lease = str(uuid.uuid4())
+    lease_cleanup.append(lease)
+    run = {
+        "type": "docker_run",
+        "command_id": str(uuid.uuid4()),
+        "lease_id": lease,
+        "epoch": 1,
+        "image": busybox_image,
+        "ports": [8080],
+        "command": _httpd("w"),
+        "warmup": ["sh", "-c", "echo cold; until [ -e /go ]; do sleep 0.1; done; echo warm"],
+    }
+
+    def said(conn: Any, text: str) -> bool:
+        chunks = [m for m in conn.received if getattr(m, "TYPE", None) == "log_chunk"]
+        return text in "".join(m.data for m in chunks if m.lease_id == lease)
+
+    with HubPeer(new_token()) as hub, _agent(host, hub, "a", tmp_path / "a.log") as (_, conn):
+        assert hub.command(conn, "reserve", lease, 1, gpus="0").ok
+        hub.send(conn, run)
+        hub.wait(lambda: said(conn, "cold\n"), timeout_s=60, what="the warm-up's first line")
+        assert not any(
+            getattr(m, "TYPE", None) == "ack" and m.command_id == run["command_id"]
+            for m in conn.received
+        )
+        _containers(docker_client, lease)[0].exec_run(["touch", "/go"])  # type: ignore[attr-defined]
+        ack = hub.wait_for(conn, "ack", lambda m: m.command_id == run["command_id"])
+        assert ack.ok, ack.error
+        hub.wait(lambda: said(conn, "warm\n[warm-up] finished\n"), what="the warm-up's end")
+
+
 def test_with_the_hub_away_only_leases_past_their_paid_time_are_released(
     host: Host, docker_client: object, busybox_image: str, lease_cleanup: list[str], tmp_path: Path
 ) -> None:

@@ -350,6 +350,40 @@ def test_warm_up_runs_inside_the_container_before_run_returns(
     assert page.text.strip() == "warm"
 
 
+def test_warm_up_output_is_handed_over_while_it_runs(
+    runtime: ContainerRuntime, make_spec: SpecFactory, agent_id: str, docker_client: Any
+) -> None:
+    # The warm-up waits for a file the test makes only once its first line has arrived: that
+    # line came while the warm-up ran, not with its end.
+    script = "echo first; while [ ! -e /www/go ]; do sleep 0.1; done; echo second"
+    spec = make_spec(warmup=("sh", "-c", script))
+    received: queue.Queue[bytes] = queue.Queue()
+    seen: list[bytes] = []
+
+    def text() -> str:
+        while not received.empty():
+            seen.append(received.get())
+        return b"".join(seen).decode()
+
+    with ThreadPoolExecutor(1) as pool:
+        started = pool.submit(
+            runtime.run,
+            spec,
+            [0],
+            agent_id=agent_id,
+            ready_timeout_s=60,
+            warmup_output=received.put,
+        )
+        wait_for(lambda: "\nfirst\n" in text(), timeout_s=60, what="the warm-up's first line")
+        assert not started.done()
+        assert "\nsecond\n" not in text()
+        container = _lease_containers(docker_client, spec.lease_id)[0]
+        container.exec_run(["touch", "/www/go"])
+        started.result(timeout=60)
+
+    assert text() == f"[warm-up] sh -c '{script}'\nfirst\nsecond\n[warm-up] finished\n"
+
+
 def test_failing_warm_up_removes_the_container(
     runtime: ContainerRuntime, make_spec: SpecFactory, agent_id: str, docker_client: Any
 ) -> None:

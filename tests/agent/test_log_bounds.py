@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from supplier_agent import containers, logs
 from supplier_agent.containers import ContainerRuntime
 from supplier_agent.logs import LogPump
-from supplier_agent.protocol import MAX_LOG_CHUNK_BYTES, DockerRun
+from supplier_agent.protocol import MAX_LOG_CHUNK_BYTES, DockerRun, LogChunk
 from tests.support.agents import AGENT, agent_env, new_token
 from tests.support.fake_gpus import fake_nvml_env
 from tests.support.polling import wait_for
@@ -79,6 +80,49 @@ def test_a_flood_is_cut_to_the_byte_budget_with_a_marker() -> None:
     assert kept <= logs.BYTES_PER_S * 6
     dropped = sum(int(part.split(" bytes dropped")[0]) for part in text.split("[... ")[1:])
     assert kept + dropped == fed
+
+
+def test_a_stream_sends_output_as_it_comes_and_flushes_the_rest_at_its_end() -> None:
+    # The warm-up's output (issue 21 item 2): chunks leave while the block runs, as a
+    # follower's would, with the lease's id and growing seqs; what waits leaves at the end.
+    sent: list[LogChunk] = []
+    followers = logs.LogFollowers(_NoSource(), sent.append, lambda lease, reason: None)
+    lease_id = str(uuid.uuid4())
+
+    with followers.streaming(lease_id) as sink:
+        sink(b"first line\n")
+        wait_for(lambda: sent, timeout_s=10, what="a chunk while the stream is open")
+        assert [chunk.data for chunk in sent] == ["first line\n"]
+        sink("caf\u00e9".encode()[:-1])  # half a character: it waits for its other half
+        sink("\u00e9".encode()[-1:] + b" last")
+
+    assert "".join(chunk.data for chunk in sent) == "first line\ncaf\u00e9 last"
+    assert {chunk.lease_id for chunk in sent} == {lease_id}
+    assert [chunk.seq for chunk in sent] == sorted({chunk.seq for chunk in sent})
+    assert followers.following() == set()  # no follower was started or left behind
+
+
+def test_a_flooding_stream_keeps_the_byte_budget() -> None:
+    sent: list[LogChunk] = []
+    followers = logs.LogFollowers(_NoSource(), sent.append, lambda lease, reason: None)
+
+    began = time.monotonic()
+    with followers.streaming(str(uuid.uuid4())) as sink:
+        for _ in range(64):
+            sink(b"y" * 16384)  # 1 MiB at once, far over a second's budget
+    took_s = time.monotonic() - began
+
+    text = "".join(chunk.data for chunk in sent)
+    # One second's budget at once, then the budget's rate for the time the feeding took.
+    assert text.count("y") <= logs.BYTES_PER_S * (1 + took_s)
+    assert text.count("y") < 2 * logs.BYTES_PER_S
+    assert "bytes dropped" in text
+    assert all(len(chunk.data.encode()) <= MAX_LOG_CHUNK_BYTES for chunk in sent)
+
+
+class _NoSource:
+    def follow_logs(self, lease_id: str, tail: int, sink: Any, stop: Any) -> None:
+        raise AssertionError("a stream follows no container")
 
 
 def test_control_characters_are_counted_as_they_travel() -> None:

@@ -140,6 +140,50 @@ async def test_a_renter_follows_the_live_output_of_their_own_lease_only() -> Non
             liveness.sync_client().delete(lease_logs.backlog_key(key))
 
 
+async def test_warm_up_output_reaches_a_page_opened_while_the_lease_starts() -> None:
+    # Issue 21 item 2: the agent streams the warm-up's output before the lease runs. The page
+    # shows it live; once the lease runs, the agent's first follow still asks for the
+    # container's own first lines (the backlog held only the warm-up's).
+    host = await database_sync_to_async(f.register_host)()
+    layer = get_channel_layer()
+    agent_channel = await layer.new_channel()
+    await database_sync_to_async(
+        lambda: Host.objects.filter(pk=host.pk).update(channel_name=agent_channel)
+    )()
+    lease = await database_sync_to_async(f.start_lease)(host)
+    renter = await database_sync_to_async(lambda: lease.renter)()
+    lease_id = str(lease.pk)
+    cookie = await database_sync_to_async(_session_cookie)(renter)
+    socket = _socket([(b"origin", ORIGIN), (b"cookie", cookie)])
+    try:
+        assert (await socket.connect())[0]
+        assert (await socket.receive_json_from(timeout=5))["type"] == "snapshot"
+        await socket.send_json_to({"type": "logs.subscribe", "lease_id": lease_id})
+        assert (await socket.receive_json_from(timeout=5))["backlog"] is True
+
+        await lease_logs.publish(LogChunk(lease_id=lease_id, seq=5, data="[warm-up] make\n"))
+        live = await socket.receive_json_from(timeout=5)
+        assert live == {"type": "log", "lease_id": lease_id, "seq": 5, "data": "[warm-up] make\n"}
+        assert await database_sync_to_async(lambda: Lease.objects.get(pk=lease_id).state)() in {
+            Lease.State.PENDING,
+            Lease.State.RESERVING,
+            Lease.State.STARTING,
+        }
+
+        await database_sync_to_async(
+            lambda: Lease.objects.filter(pk=lease_id).update(state=Lease.State.RUNNING)
+        )()
+        await socket.send_json_to({"type": "logs.subscribe", "lease_id": lease_id})  # live.js
+        command = await asyncio.wait_for(layer.receive(agent_channel), timeout=5)
+        assert json.loads(command["frame"])["tail"] == lease_logs.FIRST_TAIL_LINES
+        await socket.send_json_to({"type": "logs.subscribe", "lease_id": lease_id})
+        command = await asyncio.wait_for(layer.receive(agent_channel), timeout=5)
+        assert json.loads(command["frame"])["tail"] == 0  # once: the follower has them now
+    finally:
+        await socket.disconnect()
+        liveness.sync_client().delete(lease_logs.backlog_key(lease_id))
+
+
 async def test_another_port_of_the_same_host_is_a_foreign_origin() -> None:
     user = await database_sync_to_async(f.make_user)("renter")
     cookie = await database_sync_to_async(_session_cookie)(user)
