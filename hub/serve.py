@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import sys
 import time
 from typing import Any, TextIO
@@ -195,7 +196,17 @@ def tune_garbage_collection() -> None:
         gc.callbacks.append(_time_collections)
 
 
+def ensure_metrics_dir() -> None:
+    """The multiprocess metrics folder (PROMETHEUS_MULTIPROC_DIR), if one is set, must exist
+    before the first metric is made; ``hub.runner serve`` empties it at start, and a deployment
+    that shares it between web, worker and beat empties it there (README, "Metrics")."""
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if folder:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+
+
 def main(argv: list[str] | None = None) -> None:
+    ensure_metrics_dir()
     RedactingCommandLineInterface().run(sys.argv[1:] if argv is None else argv)
 
 
