@@ -99,3 +99,16 @@ STORE_ERRORS = Counter(
     "Errors talking to Redis or Postgres that the hub survived, by store (redis, postgres).",
     ["store"],
 )
+
+
+# Every label value a counter can take exists from the start, at 0: Prometheus' increase() and
+# rate() need a series before its first event, or an alert on "any delisting" misses the first.
+for _outcome in ("ok", "refused"):
+    REGISTRATIONS.labels(_outcome)
+for _kind in ("reserve", "docker_run", "release"):
+    for _outcome in ("ok", "refused", "deadline"):
+        COMMANDS_FINISHED.labels(_kind, _outcome)
+for _cause in ("xid", "ecc", "lost", "thermal"):
+    GPU_DELISTINGS.labels(_cause)
+for _store in ("redis", "postgres"):
+    STORE_ERRORS.labels(_store)
