@@ -11,10 +11,12 @@ credential. So the access log stream and every root-logger handler pass through
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 import sys
 import time
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from daphne import server as daphne_server
@@ -28,12 +30,22 @@ from hub.lib.redact import redact
 
 
 class RedactingStream:
-    """A write-only text stream that redacts each write (Daphne writes one line per call)."""
+    """A write-only text stream that redacts each write (Daphne writes one line per call);
+    with LOG_FORMAT=json each line becomes a JSON object like every other log line."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
+        self._json = os.environ.get("LOG_FORMAT", "").strip().lower() == "json"
 
     def write(self, text: str) -> int:
+        if self._json and text.strip():
+            entry = {
+                "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
+                "level": "INFO",
+                "logger": "daphne.access",
+                "msg": redact(text.rstrip("\n")),
+            }
+            return self._stream.write(json.dumps(entry, ensure_ascii=False) + "\n")
         return self._stream.write(redact(text))
 
     def flush(self) -> None:
