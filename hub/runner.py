@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO
 
 from hub.lib import demo_gateway
+from hub.lib import metrics_dir as metrics
 from hub.lib.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedServiceError
 from hub.lib.ports import wait_for_port
 from hub.lib.supervise import Supervisor
@@ -275,6 +276,10 @@ def serve(state: Path, host: str, port: int) -> int:
     _install_stop_handlers(stop)
     try:
         env = prepare_environment(state, supervisor)
+        # One folder for the metrics of web, worker (and its pool) and beat, which /metrics
+        # adds up (hub/lib/metrics.py); emptied now, or the last run's counters would count.
+        env.setdefault(metrics.MULTIPROC_ENV, str(state / "prometheus"))
+        metrics.prepare_multiproc_dir(Path(env[metrics.MULTIPROC_ENV]))
         env.setdefault("DEBUG", "1")
         env.setdefault("HUB_PUBLIC_URL", f"http://{host}:{port}")
         gateway = _plan_gateway(state, env, port)
@@ -362,7 +367,11 @@ def serve(state: Path, host: str, port: int) -> int:
         # A child that dies (killed, crashed, out of memory) is started again with backoff and
         # a line here; Ctrl-C still stops everything.
         while not stop.wait(0.5):
-            supervisor.restart_exited(lambda line: print(f"hub runner: {line}", flush=True))
+            supervisor.restart_exited(
+                lambda line: print(f"hub runner: {line}", flush=True),
+                # A dead web process's connected agents leave the livesum gauge with it.
+                died=lambda pid: metrics.mark_process_dead(pid, env[metrics.MULTIPROC_ENV]),
+            )
         return 0
     except _StopRequested:
         return 0

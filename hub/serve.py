@@ -11,12 +11,14 @@ credential. So the access log stream and every root-logger handler pass through
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 import signal
 import sys
 import time
 import tracemalloc
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -34,12 +36,22 @@ from hub.lib.redact import redact
 
 
 class RedactingStream:
-    """A write-only text stream that redacts each write (Daphne writes one line per call)."""
+    """A write-only text stream that redacts each write (Daphne writes one line per call);
+    with LOG_FORMAT=json each line becomes a JSON object like every other log line."""
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
+        self._json = os.environ.get("LOG_FORMAT", "").strip().lower() == "json"
 
     def write(self, text: str) -> int:
+        if self._json and text.strip():
+            entry = {
+                "ts": datetime.now(UTC).isoformat(timespec="milliseconds"),
+                "level": "INFO",
+                "logger": "daphne.access",
+                "msg": redact(text.rstrip("\n")),
+            }
+            return self._stream.write(json.dumps(entry, ensure_ascii=False) + "\n")
         return self._stream.write(redact(text))
 
     def flush(self) -> None:
@@ -284,7 +296,17 @@ def install_snapshot_signal() -> None:
     signal.signal(signal.SIGUSR2, snapshot)
 
 
+def ensure_metrics_dir() -> None:
+    """The multiprocess metrics folder (PROMETHEUS_MULTIPROC_DIR), if one is set, must exist
+    before the first metric is made; ``hub.runner serve`` empties it at start, and a deployment
+    that shares it between web, worker and beat empties it there (README, "Metrics")."""
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if folder:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+
+
 def main(argv: list[str] | None = None) -> None:
+    ensure_metrics_dir()
     RedactingCommandLineInterface().run(sys.argv[1:] if argv is None else argv)
 
 

@@ -6,6 +6,7 @@ without DEBUG, and HTTPS hardening follows from an ``https://`` HUB_PUBLIC_URL.
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -287,11 +288,19 @@ CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = "UTC"
 
+# plain: one line of text per record; json: one JSON object per line with host, lease and
+# command ids as fields, tokens redacted (hub/lib/logjson.py). The agent reads the same variable.
+LOG_FORMAT = env_str("LOG_FORMAT", "plain").strip().lower() or "plain"
+if LOG_FORMAT not in {"plain", "json"}:
+    raise ImproperlyConfigured(f"LOG_FORMAT must be plain or json, not {LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "json": {"()": "hub.lib.logjson.HubJsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     # The pool logs each connection it closes for being idle at INFO: routine, not news.
     "loggers": {"psycopg.pool": {"level": "WARNING"}},
@@ -501,3 +510,51 @@ if TUNNEL_EDGE_TIMEOUT_S < 620:
         f"TUNNEL_EDGE_TIMEOUT_S {TUNNEL_EDGE_TIMEOUT_S} is below 620 s: the edge would cut long "
         "generations that stay quiet that long (default 900)"
     )
+
+# --- Observability: /metrics (hub/health/metrics_view.py) and GPU health ----------------------
+# Who may scrape /metrics: clients from these networks (comma-separated addresses or CIDRs),
+# or anyone presenting `Authorization: Bearer <METRICS_TOKEN>` (also METRICS_TOKEN_FILE).
+# Behind a reverse proxy the client address is the proxy's: use the token there.
+try:
+    METRICS_TOKEN = env_secret("METRICS_TOKEN")
+except EnvError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
+METRICS_ALLOW_IPS = env_list("METRICS_ALLOW_IPS", ["127.0.0.1/32", "::1/128"])
+try:
+    METRICS_ALLOW_NETWORKS = [
+        ipaddress.ip_network(item, strict=False) for item in METRICS_ALLOW_IPS
+    ]
+except ValueError as exc:
+    raise ImproperlyConfigured(f"METRICS_ALLOW_IPS: {exc}") from None
+if METRICS_TOKEN and len(METRICS_TOKEN) < 16:
+    raise ImproperlyConfigured("METRICS_TOKEN must be at least 16 characters")
+
+# When the hub delists a GPU on its agent's health report (hub/leases/gpu_faults.py):
+# any of these XIDs (NVIDIA's list of errors that mean the board, not the program, failed:
+# 48 double-bit ECC, 61/62 internal micro-controller, 63/64 ECC page retirement or row
+# remapping, 74 NVLink, 79 fallen off the bus, 92 high single-bit ECC rate, 94/95 contained and
+# uncontained ECC, 119/120 GSP, 140 unrecovered ECC), at least this many uncorrected ECC
+# errors since the driver loaded (0: never), a GPU NVML reports lost, and thermal slowdown only
+# if asked for (throttling is slow, not broken).
+_DEFAULT_DELIST_XIDS = [
+    "48",
+    "61",
+    "62",
+    "63",
+    "64",
+    "74",
+    "79",
+    "92",
+    "94",
+    "95",
+    "119",
+    "120",
+    "140",
+]
+try:
+    GPU_DELIST_XIDS = frozenset(int(x) for x in env_list("GPU_DELIST_XIDS", _DEFAULT_DELIST_XIDS))
+except ValueError:
+    raise ImproperlyConfigured("GPU_DELIST_XIDS must be comma-separated XID numbers") from None
+GPU_DELIST_ECC_UNCORRECTED = env_int("GPU_DELIST_ECC_UNCORRECTED", 1)
+GPU_DELIST_LOST = env_bool("GPU_DELIST_LOST", True)
+GPU_DELIST_THERMAL = env_bool("GPU_DELIST_THERMAL", False)

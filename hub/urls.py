@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path, re_path
 
+from hub.health.metrics_view import metrics_view
 from hub.health.views import healthz
 from hub.installer import views as installer
 from hub.web.views.accounts import admin_login
@@ -11,6 +12,7 @@ from hub.web.views.home import home
 urlpatterns = [
     path("", home, name="home"),
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics_view, name="metrics"),
     path("admin/fleet/", include("hub.fleet.urls")),
     path("admin/login/", admin_login, name="admin-login"),
     path("admin/", admin.site.urls),

@@ -24,6 +24,7 @@ from supplier_agent import __version__
 from supplier_agent.config import AgentConfig
 from supplier_agent.hostinfo import read_host_info
 from supplier_agent.lease_locks import LeaseLocks
+from supplier_agent.logjson import bind
 from supplier_agent.logs import LogFollowers
 from supplier_agent.protocol import (
     CLOSE_UNSUPPORTED_PROTOCOL,
@@ -40,6 +41,8 @@ from supplier_agent.protocol import (
     ExecInput,
     ExecOpen,
     ExecResize,
+    GpuHealth,
+    GpuHealthReport,
     Heartbeat,
     LogChunk,
     Logs,
@@ -174,6 +177,10 @@ class Agent:
         self.tunnels = TunnelManager(state.dir, self._note_tunnel_state)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.logs = LogFollowers(runtime, self._send_from_thread, self._log_follow_failed)
+        # The GPU health last reported on this connection (None: nothing yet).
+        self._health_sent: tuple[GpuHealth, ...] | None = None
+        # Read by the metrics endpoint (metrics.py): connections lost since the agent started.
+        self.reconnects = 0
         # Replaced on every connection (_session); this one belongs to none.
         self._terminals = Terminals(runtime.open_exec, _nowhere)
 
@@ -259,6 +266,7 @@ class Agent:
                 self.connected.clear()
             if stop.is_set():
                 return
+            self.reconnects += 1
             if time.monotonic() - started > STABLE_CONNECTION_S:
                 attempt = 0
             # Full jitter: thousands of agents reconnecting after a hub restart spread out.
@@ -280,8 +288,10 @@ class Agent:
             )
             await ws.send(encode(register))
             welcome = await asyncio.wait_for(self._await_welcome(ws), WELCOME_TIMEOUT_S)
+            bind(host_id=welcome.host_id)  # every later log line of this connection says so
             log.info("connected to the hub as host %s", welcome.host_id)
             self.connected.set()
+            self._health_sent = None  # a new hub process may not know: tell it again
             await self._apply_welcome(welcome)
             # Every (re)connect: the hub may have missed removals while we were apart.
             self._spawn(self._report_volumes(measure=True))
@@ -374,11 +384,22 @@ class Agent:
                     for c in claims
                 )
             await ws.send(encode(Heartbeat(gpus=tuple(gpus), claims=claims)))
+            await self._report_gpu_health(ws)
             for lease_id, exited in list(self._pending_exits.items()):
                 if lease_id in self.state.claims:
                     await ws.send(encode(exited))
                 else:
                     del self._pending_exits[lease_id]
+
+    async def _report_gpu_health(self, ws: ClientConnection) -> None:
+        """A ``gpu_health`` report when the GPUs' health changed since the last one on this
+        connection; nothing while every GPU has been healthy throughout."""
+        health = tuple(await self.runtime.gpu_health())
+        previous = self._health_sent
+        if health == previous or (previous is None and all(g.healthy for g in health)):
+            return
+        await ws.send(encode(GpuHealthReport(gpus=health)))
+        self._health_sent = health
 
     async def _outbox_loop(self, ws: ClientConnection) -> None:
         while True:
@@ -487,6 +508,8 @@ class Agent:
     # --- commands -------------------------------------------------------------------------
 
     async def _handle_command(self, ws: ClientConnection, command: Command) -> None:
+        # This task's own context: its log lines name the lease and command (LOG_FORMAT=json).
+        bind(lease_id=command.lease_id, command_id=command.command_id)
         async with self._lease_locks.hold(command.lease_id):
             stored = self.state.answer_for(command.command_id)
             if stored is None:

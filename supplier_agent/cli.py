@@ -99,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     run = with_state(commands.add_parser("run", help="connect to the hub and serve leases"))
+    run.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        default=os.environ.get("CLOUDGPU_METRICS") or None,
+        help="serve Prometheus metrics (GPUs as dcgm-exporter names them, the agent's state) "
+        "at http://HOST:PORT/metrics, e.g. 127.0.0.1:9835; off by default",
+    )
     run.add_argument("--hub")
     run.add_argument("--runtime", choices=RUNTIMES)
     run.add_argument(
@@ -290,19 +297,48 @@ def _setup_logging(level: str) -> None:
         level=getattr(logging, level, logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # LOG_FORMAT=json, as for the hub's processes: one JSON object a line (logjson.py).
+    log_format = os.environ.get("CLOUDGPU_LOG_FORMAT") or os.environ.get("LOG_FORMAT") or ""
+    if log_format.strip().lower() == "json":
+        from supplier_agent.logjson import JsonFormatter
+
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonFormatter())
     # websockets logs handshake details at DEBUG, headers included: keep it quiet.
     logging.getLogger("websockets").setLevel(logging.WARNING)
 
 
-def cmd_run(config: AgentConfig) -> int:
+def cmd_run(config: AgentConfig, metrics_address: str | None = None) -> int:
     from supplier_agent.agent import Agent
+    from supplier_agent.logjson import bind
     from supplier_agent.state import AgentState, lock_state_dir
 
     _setup_logging(config.log_level)
     lock_state_dir(config.state_dir)  # held until the process exits
     state = AgentState(config.state_dir)
+    bind(agent_id=state.agent_id)
     runtime = make_runtime(config, state.agent_id)
     agent = Agent(config, runtime, state)
+    metrics_server = None
+    if metrics_address:
+        from supplier_agent import metrics
+
+        try:
+            metrics_server = metrics.serve(
+                metrics_address,
+                metrics.AgentCollector(
+                    metrics.AgentView(
+                        connected=agent.connected.is_set,
+                        reconnects=lambda: agent.reconnects,
+                        leases=lambda: len(state.claims),
+                    ),
+                    getattr(runtime, "nvml", None),
+                    getattr(runtime, "health", None),
+                ),
+            )
+        except (metrics.MetricsAddressError, OSError) as exc:
+            print(f"cloudgpu-agent: cannot serve metrics: {exc}", file=sys.stderr)
+            return EXIT_USAGE if isinstance(exc, metrics.MetricsAddressError) else EXIT_ERROR
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -328,7 +364,11 @@ def cmd_run(config: AgentConfig) -> int:
         config.ws_url,
         state.agent_id,
     )
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        if metrics_server is not None:
+            metrics_server.shutdown()
     return EXIT_OK
 
 
@@ -410,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from supplier_agent.smoke import run_smoke
 
             return run_smoke(config)
-        return cmd_run(config)
+        return cmd_run(config, getattr(args, "metrics", None))
     except (ConfigError, StateInUse) as exc:
         print(f"cloudgpu-agent: {exc}", file=sys.stderr)
         return EXIT_ERROR

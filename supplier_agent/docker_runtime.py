@@ -22,8 +22,9 @@ from supplier_agent.containers import ContainerError, ContainerRuntime, cache_vo
 from supplier_agent.docker_exec import DockerExec, open_exec
 from supplier_agent.egress import EgressPolicy
 from supplier_agent.gpu import Nvml
+from supplier_agent.gpu_health import HealthWatch
 from supplier_agent.logs import LogSink
-from supplier_agent.protocol import DockerRun, ExecOpen, GpuState, VolumeReport
+from supplier_agent.protocol import DockerRun, ExecOpen, GpuHealth, GpuState, VolumeReport
 from supplier_agent.runtime import CommandFailed, ExitReport, ReserveOutcome, RunOutcome
 from supplier_agent.state import Claim
 from supplier_agent.volumes import VolumeJanitor
@@ -41,6 +42,7 @@ class DockerRuntime:
     def __init__(self, config: AgentConfig, agent_id: str) -> None:
         self.agent_id = agent_id
         self.nvml = Nvml()
+        self.health = HealthWatch(self.nvml)
         self.claims = ClaimManager(
             config.lock_dir,
             self.nvml,
@@ -65,7 +67,15 @@ class DockerRuntime:
         self._leases: set[str] = set()
 
     async def gpus(self) -> list[GpuState]:
-        return await asyncio.to_thread(self.nvml.gpus)
+        return await asyncio.to_thread(self._list_gpus)
+
+    def _list_gpus(self) -> list[GpuState]:
+        gpus = self.nvml.gpus()
+        self.health.watch(gpus)  # XIDs are delivered only once watched: from the first listing
+        return gpus
+
+    async def gpu_health(self) -> list[GpuHealth]:
+        return await asyncio.to_thread(self.health.sample)
 
     def _resolve(self, selector: tuple[int, ...] | tuple[str, ...]) -> tuple[int, ...]:
         indices: list[int] = []

@@ -37,12 +37,20 @@ COMPUTE_MODE_NAMES = {
 }
 
 
-class GpuQueryError(Exception):
-    """NVML could not answer a question about one GPU; ``reason`` is NVML's wording."""
+# NVML's return codes the agent tells apart.
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_GPU_IS_LOST = 15
 
-    def __init__(self, reason: str) -> None:
+
+class GpuQueryError(Exception):
+    """NVML could not answer a question about one GPU; ``reason`` is NVML's wording, ``code``
+    its return code (None when NVML itself is unavailable)."""
+
+    def __init__(self, reason: str, code: int | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.code = code
 
 
 class ComputeModeError(GpuQueryError):
@@ -116,7 +124,13 @@ class Nvml:
         try:
             return getattr(pynvml, function)(*args)
         except pynvml.NVMLError as exc:
-            raise GpuQueryError(str(exc)) from exc
+            raise GpuQueryError(str(exc), getattr(exc, "value", None)) from exc
+
+    # For the agent's other NVML readers (gpu_health.py, metrics.py): same session, same errors.
+    call = _call
+
+    def handle(self, index: int) -> Any:
+        return self._handle(index)
 
     def _handle(self, index: int) -> Any:
         return self._call("nvmlDeviceGetHandleByIndex", index)

@@ -14,7 +14,14 @@ from collections.abc import Iterable
 
 from supplier_agent.logs import LogSink
 from supplier_agent.mock_pages import MockPages
-from supplier_agent.protocol import DockerRun, ExecOpen, GpuState, VolumeRemoval, VolumeReport
+from supplier_agent.protocol import (
+    DockerRun,
+    ExecOpen,
+    GpuHealth,
+    GpuState,
+    VolumeRemoval,
+    VolumeReport,
+)
 from supplier_agent.runtime import CommandFailed, ExitReport, ReserveOutcome, RunOutcome
 from supplier_agent.state import Claim
 from supplier_agent.terminals import ExecProcess
@@ -47,6 +54,9 @@ class MockRuntime:
                 utilization_pct=0,
             )
         ]
+
+    async def gpu_health(self) -> list[GpuHealth]:
+        return []  # the mock GPU never fails
 
     async def reserve(
         self, lease_id: str, selector: tuple[int, ...] | tuple[str, ...]

@@ -1193,9 +1193,84 @@ class Error(Message):
         )
 
 
+# The XIDs one report lists per GPU: the distinct ones since the agent started.
+MAX_XIDS_REPORTED = 32
+# XIDs are 32-bit codes (NVIDIA's "Xid" table numbers them from 1 to a few hundred).
+MAX_XID = 2**32 - 1
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    """One GPU's failure signals since the agent started, as NVML reports them: XID events
+    (``xids``: the distinct codes, at most MAX_XIDS_REPORTED, oldest first; ``xid_count``: all
+    of them), ECC error totals since the driver loaded (volatile counters), whether NVML has
+    lost the board (fallen off the bus) and whether it is slowing down for heat right now."""
+
+    index: int
+    uuid: str
+    xids: tuple[int, ...] = ()
+    xid_count: int = 0
+    ecc_uncorrected: int = 0
+    ecc_corrected: int = 0
+    lost: bool = False
+    thermal_throttle: bool = False
+
+    @classmethod
+    def parse(cls, data: Any, where: str) -> GpuHealth:
+        _expect(data, dict, where)
+        fields = {
+            "index",
+            "uuid",
+            "xids",
+            "xid_count",
+            "ecc_uncorrected",
+            "ecc_corrected",
+            "lost",
+            "thermal_throttle",
+        }
+        _known(data, fields, where)
+        xids = _list(data.get("xids", []), f"{where}.xids", max_items=MAX_XIDS_REPORTED)
+        return cls(
+            index=_int(data.get("index"), f"{where}.index", lo=0, hi=MAX_GPUS_PER_LEASE - 1),
+            uuid=_str(data.get("uuid"), f"{where}.uuid", max_len=96),
+            xids=tuple(_int(x, f"{where}.xids[{i}]", lo=0, hi=MAX_XID) for i, x in enumerate(xids)),
+            xid_count=_int(data.get("xid_count", 0), f"{where}.xid_count", lo=0),
+            ecc_uncorrected=_int(data.get("ecc_uncorrected", 0), f"{where}.ecc_uncorrected", lo=0),
+            ecc_corrected=_int(data.get("ecc_corrected", 0), f"{where}.ecc_corrected", lo=0),
+            lost=_expect(data.get("lost", False), bool, f"{where}.lost"),
+            thermal_throttle=_expect(
+                data.get("thermal_throttle", False), bool, f"{where}.thermal_throttle"
+            ),
+        )
+
+    @property
+    def healthy(self) -> bool:
+        return not (self.xid_count or self.ecc_uncorrected or self.lost or self.thermal_throttle)
+
+
+@dataclass(frozen=True)
+class GpuHealthReport(Message):
+    """The host's GPUs' health (``GpuHealth``), sent when it changes and after each register
+    while any GPU is not healthy. Its own message, not heartbeat fields: a hub that predates
+    it answers ``error`` and goes on, where an unknown heartbeat field would cost liveness."""
+
+    TYPE: ClassVar[str] = "gpu_health"
+    gpus: tuple[GpuHealth, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GpuHealthReport:
+        _known(data, {"gpus"}, "gpu_health")
+        items = _list(data.get("gpus", []), "gpu_health.gpus", max_items=MAX_GPUS_PER_LEASE)
+        gpus = tuple(GpuHealth.parse(g, f"gpu_health.gpus[{i}]") for i, g in enumerate(items))
+        if len({gpu.index for gpu in gpus}) != len(gpus):
+            raise ProtocolError("gpu_health.gpus lists a GPU index twice")
+        return cls(gpus=gpus)
+
+
 AGENT_TO_HUB = frozenset(
     {
         "register",
+        "gpu_health",
         "heartbeat",
         "ack",
         "container_exited",

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from supplier_agent.protocol import DockerRun, ExecOpen, GpuState, VolumeReport
+from supplier_agent.protocol import DockerRun, ExecOpen, GpuHealth, GpuState, VolumeReport
 from supplier_agent.state import Claim
 from supplier_agent.terminals import ExecProcess
 
@@ -37,6 +37,10 @@ class Runtime(Protocol):
     name: str
 
     async def gpus(self) -> list[GpuState]: ...
+
+    async def gpu_health(self) -> list[GpuHealth]:
+        """XIDs, ECC totals, lost boards and thermal slowdown of the GPUs listed so far."""
+        ...
 
     async def reserve(
         self, lease_id: str, selector: tuple[int, ...] | tuple[str, ...]

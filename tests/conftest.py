@@ -67,6 +67,7 @@ SLOW = (
     # Real agent or ssh processes against an in-test hub peer or sshd: 1-2.5 s each.
     "agent/test_agent_mock.py",
     "agent/test_tunnels.py",
+    "agent/test_logjson.py::test_the_agent_logs_json_lines_",
     "hub/installer/test_agent_wheel.py",  # builds the agent wheel
     # Each runs Django in a subprocess, 1.5-3 s.
     "hub/test_settings.py::test_a_pool_size_of_zero_",

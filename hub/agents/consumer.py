@@ -13,19 +13,20 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
 from redis.exceptions import RedisError
 
 from hub.agents import heartbeats, registration
 from hub.agents.exec_relay import Delivery, ExecRoutes
+from hub.leases import gpu_faults, terminals
 from hub.leases import logs as lease_logs
 from hub.leases import services as lease_services
-from hub.leases import terminals
-from hub.lib import local_channels
+from hub.lib import local_channels, metrics
 from hub.lib.compat_channels import dispatch_without_db_cleanup
 from hub.suppliers.services import authenticate_agent_token
 from hub.tunnels import services as tunnel_services
 from hub.volumes import services as volume_services
+from supplier_agent import logjson
 from supplier_agent.protocol import (
     AGENT_TO_HUB,
     CLOSE_UNSUPPORTED_PROTOCOL,
@@ -34,6 +35,7 @@ from supplier_agent.protocol import (
     Error,
     ExecExit,
     ExecOutput,
+    GpuHealthReport,
     Heartbeat,
     LogChunk,
     Message,
@@ -114,6 +116,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
     host_id: int | None = None
     # Set once this side closes: frames still buffered are dropped without work or logs.
     _closing = False
+    # Counted in cloudgpu_agents_connected (from the first registration to the disconnect;
+    # not host_id, which a superseded socket clears before its disconnect runs).
+    _counted = False
 
     async def connect(self) -> None:
         token = await _db(authenticate_agent_token)(_bearer(self.scope))
@@ -129,6 +134,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self._log_lookups_in_window = 0
         self._log_leases: dict[str, bool] = {}  # lease id -> on this socket's host
         self._exec = ExecRoutes()  # renters' terminals opened through this socket
+        self._faults_seen: set[gpu_faults.Fault] = set()  # GPU faults passed on already
         # No per-token group: revocation reaches registered sockets through their hosts'
         # channels, and `register` re-checks the token. A group_add (and group_discard) per
         # connection cost a pooled Redis connection per concurrent handshake in a storm.
@@ -151,6 +157,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         local_channels.unregister(self)
+        if self._counted:
+            self._counted = False
+            metrics.AGENTS_CONNECTED.dec()
         deadline = getattr(self, "_register_deadline", None)
         if deadline is not None:
             deadline.cancel()
@@ -209,9 +218,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
         try:
             await self._handle(message)
         except registration.RegistrationRefused as exc:
+            metrics.REGISTRATIONS.labels("refused").inc()
             await self._reply(Error(reason=str(exc), ref="register"))
             await self._close(None)
-        except Exception:
+        except Exception as exc:
+            if isinstance(exc, DatabaseError):
+                metrics.STORE_ERRORS.labels("postgres").inc()
+            elif isinstance(exc, RedisError):
+                metrics.STORE_ERRORS.labels("redis").inc()
             # One bad message costs one error reply, never the connection or the process.
             log.exception("agent message %s failed", message.TYPE)
             await self._reply(Error(reason=f"the hub could not process {message.TYPE}"))
@@ -280,6 +294,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await _db(tunnel_services.record_state)(self.host_id, message)
         elif isinstance(message, VolumeReport):
             await _db(volume_services.apply_report)(self.host_id, message)
+        elif isinstance(message, GpuHealthReport):
+            await self._gpu_health(message)
         elif isinstance(message, (Pong, Error)):
             log.info("agent on host %s says %s", self.host_id, message.TYPE)
 
@@ -295,6 +311,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
             self.token_id, message, self.channel_name
         )
         self.host_id = registered.host_id
+        logjson.bind(host_id=registered.host_id)  # this socket's later log lines carry it
+        metrics.REGISTRATIONS.labels("ok").inc()
+        if not self._counted:
+            self._counted = True
+            metrics.AGENTS_CONNECTED.inc()
         await self._reply(
             Welcome(
                 host_id=str(registered.host_id),
@@ -310,6 +331,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def _heartbeat(self, message: Heartbeat) -> None:
         assert self.host_id is not None
         await heartbeats.arrived(self._heartbeats, self.host_id, message, _db)
+
+    async def _gpu_health(self, message: GpuHealthReport) -> None:
+        assert self.host_id is not None
+        # Rules first, in the socket: a report without a failure (or with only failures this
+        # socket already passed on) costs no query.
+        faults = [f for f in gpu_faults.faults_in(message) if f not in self._faults_seen]
+        if faults:
+            await _db(gpu_faults.delist_failed_gpus)(self.host_id, faults)
+            self._faults_seen.update(faults)
 
     async def _reply(self, message: Message) -> None:
         await self._send(encode(message))

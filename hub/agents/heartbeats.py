@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 from hub.agents import heartbeat_batch, stats
 from hub.leases import host_status
 from hub.leases.models import Lease
+from hub.lib import metrics
 from hub.suppliers.models import Gpu
 from supplier_agent.protocol import Heartbeat, encode
 
@@ -61,6 +62,7 @@ async def arrived(conn: Connection, host_id: int, message: Heartbeat, db: DbCall
             heartbeat_batch.pending_entry(encode(message), now) if due else None,
         )
     except RedisError as exc:
+        metrics.STORE_ERRORS.labels("redis").inc()
         log.warning("heartbeat not recorded in Redis (%s); writing to Postgres", exc)
         due = since_write >= settings.AGENT_HEARTBEAT_INTERVAL_S / 2
         if due:
@@ -68,6 +70,9 @@ async def arrived(conn: Connection, host_id: int, message: Heartbeat, db: DbCall
     if due:
         conn.signature = signature
         conn.written_at = now
+    # Two in-process writes to memory-mapped values (hub/lib/metrics.py): no I/O, no syscall.
+    metrics.HEARTBEATS.inc()
+    metrics.HEARTBEAT_SECONDS.observe(time.time() - now)
     found = foreign_processes(message)
     if found and set(found) - conn.flagged:
         await db(flag_foreign_processes)(host_id, found)

@@ -358,6 +358,10 @@ class LeaseSerializer(serializers.Serializer):
         " lease runs, has ports and the hub has a gateway."
     )
     warnings = serializers.ListField(child=serializers.CharField())
+    gpu_fault_at = serializers.DateTimeField(
+        allow_null=True, help_text="When one of its GPUs failed under it (null: none did)."
+    )
+    gpu_fault_reason = serializers.CharField(help_text="Which GPU failed and how; or empty.")
     price_per_hour_micros = serializers.IntegerField()
     price_per_hour = FormattedMoneyField(source="price_per_hour_micros", cents=True)
     cost_micros = serializers.IntegerField(help_text="Charged so far (the ledger's rows).")

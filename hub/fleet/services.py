@@ -26,11 +26,13 @@ class Fleet:
     gpus_leased: int
     gpus_free: int  # rentable now: listed, present, host online and not drained, not leased
     gpus_unavailable: int  # present but neither leased nor rentable
+    gpus_unhealthy: int  # delisted for a failure their agent reported (hub/leases/gpu_faults.py)
     leases_by_state: dict[str, int]  # active states now; ended/failed within RECENT
     commands_failed_recently: int
     commands_overdue: int
     offline_hosts: list[Host]
     release_stuck_hosts: list[Host]
+    unhealthy_gpus: list[Gpu]
     failed_commands: list[Command]
     overdue_commands: list[Command]
     now: datetime
@@ -84,6 +86,7 @@ def fleet_summary(now: datetime | None = None) -> Fleet:
         gpus_leased=gpus["leased"],
         gpus_free=gpus["free"],
         gpus_unavailable=gpus["total"] - gpus["leased"] - gpus["free"],
+        gpus_unhealthy=Gpu.objects.filter(unhealthy_since__isnull=False).count(),
         leases_by_state=by_state,
         commands_failed_recently=failed.count(),
         commands_overdue=overdue.count(),
@@ -96,6 +99,11 @@ def fleet_summary(now: datetime | None = None) -> Fleet:
             Host.objects.filter(release_stuck_since__isnull=False)
             .select_related("owner")
             .order_by("release_stuck_since", "pk")[:TABLE_ROWS]
+        ),
+        unhealthy_gpus=list(
+            Gpu.objects.filter(unhealthy_since__isnull=False)
+            .select_related("host", "host__owner")
+            .order_by("-unhealthy_since", "pk")[:TABLE_ROWS]
         ),
         failed_commands=list(failed.select_related("host").order_by("-created_at")[:TABLE_ROWS]),
         overdue_commands=list(overdue.select_related("host").order_by("deadline")[:TABLE_ROWS]),

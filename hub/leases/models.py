@@ -75,6 +75,10 @@ class Lease(models.Model):
     # Total time the host was away while this lease went on: never billed.
     offline_duration = models.DurationField(default=timedelta(0))
     foreign_process_seen_at = models.DateTimeField(null=True, blank=True)
+    # Set when one of the lease's GPUs failed under it (hub/leases/gpu_faults.py): the lease
+    # goes on (the renter decides), and the renter sees why its results may be wrong.
+    gpu_fault_at = models.DateTimeField(null=True, blank=True)
+    gpu_fault_reason = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     running_since = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)

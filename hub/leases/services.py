@@ -25,6 +25,7 @@ from hub.billing.money import format_micros
 from hub.celery import app as celery_app
 from hub.leases import cache_volumes, commands
 from hub.leases.models import Command, Lease, LeaseGpu
+from hub.lib import metrics
 from hub.suppliers.models import Gpu, Host
 from hub.tunnels import services as tunnels
 from hub.volumes.services import VolumeError, note_mounted
@@ -325,7 +326,18 @@ def record_ack(host_id: int, ack: Ack, now: datetime | None = None) -> bool:
         command.acked_at = now
         command.save()
         _advance(lease, command, ack, now)
+    _observe_ack(command, lease, now)
     return True
+
+
+def _observe_ack(command: Command, lease: Lease, now: datetime) -> None:
+    """The ack's metrics, once committed: a rolled-back ack must not count."""
+    metrics.DISPATCH_SECONDS.labels(command.kind).observe(
+        max((now - command.created_at).total_seconds(), 0.0)
+    )
+    metrics.COMMANDS_FINISHED.labels(command.kind, "ok" if command.ok else "refused").inc()
+    if command.kind == Command.Kind.DOCKER_RUN and lease.running_since == now:
+        metrics.RENT_TO_RUNNING_SECONDS.observe(max((now - lease.created_at).total_seconds(), 0.0))
 
 
 def _strings(value: Any) -> list[str]:
@@ -516,6 +528,7 @@ def expire_command(command_id: Any) -> None:
         command.state = Command.State.FAILED
         command.error = "no answer from the host before the deadline"
         command.save(update_fields=["state", "error"])
+        metrics.COMMANDS_FINISHED.labels(command.kind, "deadline").inc()
         if command.kind == Command.Kind.RELEASE:
             if lease.lease_gpus.filter(active=True).exists():
                 # The agent may still hold the GPUs: ask again rather than hand them on. An

@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from hub.leases import funds, services, stuck_releases
 from hub.leases.models import Command
-from hub.lib import channel_send
+from hub.lib import channel_send, metrics
+from supplier_agent import logjson
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,13 @@ REDISPATCH_BATCH = 500
 @shared_task(name="leases.dispatch_command", acks_late=True, reject_on_worker_lost=True)
 def dispatch_command(command_id: str) -> str:
     """Send one command to the connection that holds its host, if any; the sweep re-sends."""
+    # Its log lines name the command (LOG_FORMAT=json); bound for this call only, as the
+    # worker's thread runs other tasks next.
+    with logjson.bound(command_id=command_id):
+        return _dispatch(command_id)
+
+
+def _dispatch(command_id: str) -> str:
     now = timezone.now()
     with transaction.atomic():
         command = (
@@ -97,6 +105,8 @@ def charge_and_release() -> dict[str, int]:
     """The beat's billing sweep, every BILLING_INTERVAL_S; running it twice charges nothing
     the second time."""
     run = funds.charge_and_release()
+    metrics.BILLING_TICKS.inc()
+    metrics.BILLING_CHARGED_MICROS.inc(run.charged_micros)
     return {
         "leases": run.leases,
         "charged_micros": run.charged_micros,

@@ -98,13 +98,18 @@ class Supervisor:
         self.children.append(child)
         return child
 
-    def restart_exited(self, report: Callable[[str], None]) -> None:
-        """Start again, with backoff, every child that has died (call it every so often)."""
+    def restart_exited(
+        self, report: Callable[[str], None], died: Callable[[int], None] | None = None
+    ) -> None:
+        """Start again, with backoff, every child that has died (call it every so often);
+        ``died`` hears each dead child's pid once."""
         now = time.monotonic()
         for position, child in enumerate(self.children):
             if not child.exited() or child.spec is None:
                 continue
             if child.restart_at is None:
+                if died is not None:
+                    died(child.pid)
                 quick = now - child.started_at < STABLE_AFTER_S
                 child.quick_deaths = child.quick_deaths + 1 if quick else 0
                 delay = min(RESTART_CAP_S, RESTART_BASE_S * 2 ** max(0, child.quick_deaths - 1))

@@ -104,6 +104,11 @@ class Gpu(models.Model):
     # Set when a heartbeat shows compute processes on this GPU that are not its lease's.
     foreign_process_seen_at = models.DateTimeField(null=True, blank=True)
     present = models.BooleanField(default=True)
+    # Set when the hub delisted this GPU for a failure its agent reported (an XID, uncorrected
+    # ECC errors, fallen off the bus: hub/leases/gpu_faults.py); the reason says which. Its
+    # supplier relisting it (set_gpu_terms, listed) clears both: "fixed, rent it again".
+    unhealthy_since = models.DateTimeField(null=True, blank=True)
+    unhealthy_reason = models.TextField(blank=True)
     stats_updated_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -131,6 +131,11 @@ def set_gpu_terms(
                 raise SupplierError("set a price for this GPU before putting it up for rent")
             gpu.listed = listed
             fields.append("listed")
+            if listed and gpu.unhealthy_since is not None:
+                # Its supplier says it is fixed (hub/leases/gpu_faults.py): for rent again.
+                gpu.unhealthy_since = None
+                gpu.unhealthy_reason = ""
+                fields += ["unhealthy_since", "unhealthy_reason"]
         if fields:
             gpu.save(update_fields=fields)
     return gpu

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from pathlib import Path
 
@@ -127,3 +128,31 @@ def test_hub_serve_never_logs_a_token(tmp_path: Path, access_log: str) -> None:
         assert line in text
     if access_log == "file":
         assert "WSCONNECTING /api/p2p/ws/[redacted]" in access_file.read_text()
+
+
+def test_with_log_format_json_every_line_is_a_json_object_without_tokens(tmp_path: Path) -> None:
+    token = generate_token()
+    port = free_port()
+    output = tmp_path / "serve.log"
+    argv = python_module("hub.serve", "-b", "127.0.0.1", "-p", str(port), "hub.asgi:application")
+
+    def entries() -> list[dict[str, object]]:
+        lines = output.read_text(errors="replace").splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
+
+    with running(argv, env=hub_env(LOG_FORMAT="json"), log=output):
+        assert wait_for_port(port, timeout_s=60), "hub.serve did not listen"
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            assert client.get(f"/api/p2p/ws/{token}").status_code == 404
+        wait_for(
+            lambda: {"daphne.access", "django.request"} <= {e["logger"] for e in entries()},
+            timeout_s=30,
+            what="the access line and Django's 404 warning, as JSON",
+        )
+    found = entries()  # json.loads raised on any line that is not JSON
+    assert token not in output.read_text()
+    access = next(e for e in found if e["logger"] == "daphne.access")
+    assert '"GET /api/p2p/ws/[redacted]" 404' in str(access["msg"])
+    warning = next(e for e in found if e["logger"] == "django.request")
+    assert warning["level"] == "WARNING"
+    assert {"ts", "msg"} <= set(warning)

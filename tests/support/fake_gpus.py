@@ -76,6 +76,7 @@ class FakeGpuTable:
                     "compute_mode": COMPUTE_MODE_DEFAULT,
                     "compute_mode_settable": compute_mode_settable,
                     "processes": [],
+                    "ecc": {"corrected": 0, "uncorrected": 0},
                 }
                 for i in range(gpu_count)
             ],
@@ -113,6 +114,19 @@ class FakeGpuTable:
             .setdefault("errors", {})
             .update({function: error_code})
         )
+
+    def raise_xid(self, index: int, xid: int) -> None:
+        """The driver reports an XID on the GPU (e.g. 79, fallen off the bus; 48, a
+        double-bit ECC error): delivered to NVML event sets registered before it."""
+        self.update(lambda table: table["gpus"][index].setdefault("xid_events", []).append(xid))
+
+    def add_ecc_errors(self, index: int, *, uncorrected: int = 0, corrected: int = 0) -> None:
+        def change(table: dict[str, Any]) -> None:
+            ecc = table["gpus"][index].setdefault("ecc", {"corrected": 0, "uncorrected": 0})
+            ecc["uncorrected"] = ecc.get("uncorrected", 0) + uncorrected
+            ecc["corrected"] = ecc.get("corrected", 0) + corrected
+
+        self.update(change)
 
     def compute_mode(self, index: int) -> int:
         return int(self.read()["gpus"][index]["compute_mode"])

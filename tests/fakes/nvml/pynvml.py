@@ -13,13 +13,21 @@ The simulated hardware is a JSON device table in the file named by ``CLOUDGPU_FA
                "memory_total": 85899345920, "memory_used": 0, "utilization": 0,
                "compute_mode": 0, "compute_mode_settable": true,
                "processes": [{"pid": 1234, "name": "python3", "used_memory": 1024}],
-               "errors": {"nvmlDeviceGetUtilizationRates": 15}}]}
+               "errors": {"nvmlDeviceGetUtilizationRates": 15},
+               "temperature": 41, "power_usage": 72000, "clocks": {"sm": 1980, "mem": 2619},
+               "ecc": {"corrected": 0, "uncorrected": 0}, "clocks_event_reasons": 0,
+               "xid_events": [79], "lost": false}]}
 
 Like real GPUs, the table is shared by every process on the "host": each call re-reads the
 file, and writes happen under an ``fcntl`` lock with an atomic replace, so concurrent agents
 (and the test driving them) see one consistent device state. ``errors`` makes the named
 function fail on that GPU with the given NVML error code (e.g. 15, GPU is lost);
-``init_error`` makes ``nvmlInit`` fail (e.g. 9, driver not loaded). Without the variable or
+``init_error`` makes ``nvmlInit`` fail (e.g. 9, driver not loaded). The health fields are the
+ones a failing board shows: ``ecc`` the volatile ECC error totals, ``clocks_event_reasons`` the
+throttle bitmask (0x40 hardware thermal slowdown), ``xid_events`` every XID the "driver" raised
+on it, in order (an event set delivers those appended after it registered, as NVML delivers
+only new events), ``lost`` true for a board that fell off the bus (every call on it then fails
+with GPU_IS_LOST, as with the real driver). Without the variable or
 the file, ``nvmlInit`` fails the way it does on a host without the NVIDIA driver.
 
 Names, signatures, return types and error strings follow nvidia-ml-py 12.x: strings come back
@@ -35,6 +43,7 @@ import os
 import string
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -63,6 +72,19 @@ NVML_ERROR_IN_USE = 19
 NVML_ERROR_MEMORY = 20
 NVML_ERROR_NO_DATA = 21
 NVML_ERROR_UNKNOWN = 999
+
+NVML_TEMPERATURE_GPU = 0
+NVML_CLOCK_SM = 1
+NVML_CLOCK_MEM = 2
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+nvmlEventTypeXidCriticalError = 0x0000000000000008
+nvmlClocksEventReasonSwThermalSlowdown = 0x0000000000000020
+nvmlClocksEventReasonHwThermalSlowdown = 0x0000000000000040
+nvmlClocksThrottleReasonSwThermalSlowdown = nvmlClocksEventReasonSwThermalSlowdown
+nvmlClocksThrottleReasonHwThermalSlowdown = nvmlClocksEventReasonHwThermalSlowdown
 
 NVML_COMPUTEMODE_DEFAULT = 0
 NVML_COMPUTEMODE_EXCLUSIVE_THREAD = 1  # support removed from the driver, as in the real NVML
@@ -227,6 +249,8 @@ def _gpu(handle: c_nvmlDevice_t, function: str) -> dict[str, Any]:
     for gpu in table.get("gpus", []):
         if gpu["uuid"] == handle.uuid:
             error = gpu.get("errors", {}).get(function)
+            if gpu.get("lost"):
+                error = NVML_ERROR_GPU_IS_LOST
             if error:
                 raise NVMLError(int(error))
             return gpu
@@ -376,3 +400,97 @@ def nvmlDeviceSetComputeMode(handle: c_nvmlDevice_t, mode: int) -> None:
     path = _table_path()
     assert path is not None  # _gpu() already read the table from it
     update_table(path, change)
+
+
+# --- health: temperatures, power, clocks, ECC, throttling, XID events -----------------------
+
+
+def nvmlDeviceGetTemperature(handle: c_nvmlDevice_t, sensor: int) -> int:
+    return int(_gpu(handle, "nvmlDeviceGetTemperature").get("temperature", 40))
+
+
+def nvmlDeviceGetPowerUsage(handle: c_nvmlDevice_t) -> int:
+    """Milliwatts, like the real call."""
+    return int(_gpu(handle, "nvmlDeviceGetPowerUsage").get("power_usage", 60000))
+
+
+def nvmlDeviceGetClockInfo(handle: c_nvmlDevice_t, clock_type: int) -> int:
+    clocks = _gpu(handle, "nvmlDeviceGetClockInfo").get("clocks", {})
+    if clock_type == NVML_CLOCK_SM:
+        return int(clocks.get("sm", 1410))
+    if clock_type == NVML_CLOCK_MEM:
+        return int(clocks.get("mem", 1593))
+    raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+
+
+def nvmlDeviceGetTotalEccErrors(handle: c_nvmlDevice_t, error_type: int, counter_type: int) -> int:
+    ecc = _gpu(handle, "nvmlDeviceGetTotalEccErrors").get("ecc")
+    if ecc is None:  # a board without ECC (most consumer GPUs)
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    key = "uncorrected" if error_type == NVML_MEMORY_ERROR_TYPE_UNCORRECTED else "corrected"
+    return int(ecc.get(key, 0))
+
+
+def nvmlDeviceGetCurrentClocksEventReasons(handle: c_nvmlDevice_t) -> int:
+    return int(
+        _gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons").get("clocks_event_reasons", 0)
+    )
+
+
+nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
+
+
+class _EventSet:
+    """What nvmlEventSetCreate returns: per registered GPU, how many of its XIDs it delivered."""
+
+    def __init__(self) -> None:
+        self.delivered: dict[str, int] = {}
+
+
+def nvmlEventSetCreate() -> _EventSet:
+    _check_init()
+    return _EventSet()
+
+
+def nvmlDeviceRegisterEvents(
+    handle: c_nvmlDevice_t, event_types: int, event_set: _EventSet
+) -> None:
+    gpu = _gpu(handle, "nvmlDeviceRegisterEvents")
+    if event_types & ~nvmlEventTypeXidCriticalError:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # only XIDs are simulated
+    # Only what happens from now on, like the driver.
+    event_set.delivered[handle.uuid] = len(gpu.get("xid_events", []))
+
+
+def nvmlEventSetWait_v2(event_set: _EventSet, timeoutms: int) -> Any:
+    """The next undelivered XID of the set's GPUs; NVML_ERROR_TIMEOUT when none came within
+    ``timeoutms`` (the table is re-read every 10 ms meanwhile: simulated hardware time)."""
+    deadline = time.monotonic() + timeoutms / 1000
+    while True:
+        for gpu in _check_init().get("gpus", []):
+            uuid = gpu["uuid"]
+            if uuid not in event_set.delivered:
+                continue
+            events = gpu.get("xid_events", [])
+            seen = event_set.delivered[uuid]
+            if len(events) > seen:
+                event_set.delivered[uuid] = seen + 1
+                return nvmlFriendlyObject(
+                    {
+                        "device": c_nvmlDevice_t(uuid),
+                        "eventType": nvmlEventTypeXidCriticalError,
+                        "eventData": int(events[seen]),
+                        "gpuInstanceId": 0xFFFFFFFF,
+                        "computeInstanceId": 0xFFFFFFFF,
+                    }
+                )
+        if time.monotonic() >= deadline:
+            raise NVMLError(NVML_ERROR_TIMEOUT)
+        time.sleep(0.01)
+
+
+nvmlEventSetWait = nvmlEventSetWait_v2
+
+
+def nvmlEventSetFree(event_set: _EventSet) -> None:
+    event_set.delivered.clear()
