@@ -42,7 +42,8 @@ from hub.lib.ports import free_port, wait_for_port  # noqa: E402
 
 RESULTS_DIR = REPO / "bench" / "results"
 LOG_DIR = REPO / ".state" / "bench-logs"
-BENCH_DATABASE = "cloudgpu_bench"
+# BENCH_DATABASE: another scratch name, where several people bench on one shared server.
+BENCH_DATABASE = os.environ.get("BENCH_DATABASE", "cloudgpu_bench")
 FAKE_NVML_DIR = REPO / "tests" / "fakes" / "nvml"
 BUSYBOX_STATIC = Path("/bin/busybox")
 BUSYBOX_IMAGE = "cloudgpu-bench/busybox:latest"

@@ -156,6 +156,11 @@ class RedactingCommandLineInterface(CommandLineInterface):
         # Importing the app ran django.setup(), whose LOGGING replaced the root handlers.
         install_log_filter()
         tune_garbage_collection()
+        # Imported here: models load only after the app's django.setup().
+        from hub.agents import storm
+
+        # The offline sweep gives this process's returning agents one full deadline.
+        storm.note_web_started()
         return application
 
 

@@ -14,13 +14,15 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from hub.agents import storm
 from hub.agents.stats import pg_offline_after
-from hub.catalog.prepull import images_for
+from hub.catalog.prepull import images_fitting
 from hub.leases.models import Lease
 from hub.leases.services import reconcile_claims
 from hub.suppliers import liveness, transitions
 from hub.suppliers.models import AgentToken, Gpu, Host
 from hub.suppliers.services import tell_old_socket
+from hub.volumes import services as volume_services
 from supplier_agent.protocol import GpuState, Register
 
 
@@ -33,6 +35,8 @@ class Registered:
     host_id: int
     desired_claims: tuple[str, ...]
     prepull_images: tuple[str, ...] = ()
+    # Volume deletes the agent has not confirmed (it was away, or the frame was lost): again.
+    pending_frames: tuple[str, ...] = ()
 
 
 def probe_registration(token_id: int, message: Register) -> str:
@@ -47,6 +51,11 @@ def probe_registration(token_id: int, message: Register) -> str:
 
 
 def register_host(token_id: int, message: Register, channel_name: str) -> Registered:
+    """A bounded number of statements whatever the fleet's size or the host's GPU count (a
+    reconnect storm is thousands of these a minute; tests/hub/agents/test_registration_cost.py):
+    the token, the host's locked row, one write of it, one upsert of all its GPUs, one update of
+    the GPUs it no longer reports, and for a host seen before one look for leases and one for
+    pending volume deletes. A new host adds its cap check and its transition row."""
     now = timezone.now()
     with transaction.atomic():
         token = AgentToken.objects.select_related("owner").get(pk=token_id)
@@ -57,12 +66,9 @@ def register_host(token_id: int, message: Register, channel_name: str) -> Regist
             raise RegistrationRefused("this agent id is registered to another supplier")
         if host is not None:
             _refuse_takeover(host, token.pk, message.machine_id)
+        is_new = host is None
         if host is None:
-            if Host.objects.filter(token=token).count() >= settings.MAX_HOSTS_PER_TOKEN:
-                raise RegistrationRefused(
-                    f"this agent token already holds {settings.MAX_HOSTS_PER_TOKEN} hosts "
-                    "(MAX_HOSTS_PER_TOKEN); create another token for more machines"
-                )
+            _refuse_over_cap(token)
             host = Host(owner=token.owner, agent_id=message.agent_id, status=Host.Status.OFFLINE)
         host.machine_id = message.machine_id or host.machine_id
         host.token = token
@@ -74,18 +80,28 @@ def register_host(token_id: int, message: Register, channel_name: str) -> Regist
         host.offline_after = pg_offline_after(now)
         previous_channel = host.channel_name
         host.channel_name = channel_name
-        is_new = host.pk is None
-        if is_new:
+        transitions.set_online(host, "agent registered")  # saves a new host (it needs an id)
+        if not is_new:
             host.save()
-        transitions.set_online(host, "agent registered")
-        host.save()
-        _upsert_gpus(host, message.gpus, now)
-        desired = reconcile_claims(host, message.claims, now)
+        default_price = host.default_price_per_hour_micros
+        if default_price is None:
+            default_price = token.default_price_per_hour_micros
+        _upsert_gpus(host, message.gpus, now, default_price, is_new=is_new)
+        # A new host has no leases and no volumes: nothing to reconcile or re-send.
+        desired = () if is_new else reconcile_claims(host, message.claims, now)
+        pending = () if is_new else tuple(volume_services.pending_deletes(host.pk))
         # Before the commit that makes the host online: the offline sweep must never see the
         # new status next to the old deadline.
-        liveness.sync_client().zadd(
-            liveness.liveness_key(), {str(host.pk): time.time() + settings.HOST_OFFLINE_AFTER_S}
-        )
+        # One round trip: the deadline, and for a host seen before the count the offline
+        # sweep reads to tell a reconnect storm from failures (storm.py).
+        with liveness.sync_client().pipeline(transaction=False) as pipe:
+            now_ts = time.time()
+            pipe.zadd(
+                liveness.liveness_key(), {str(host.pk): now_ts + settings.HOST_OFFLINE_AFTER_S}
+            )
+            if not is_new:
+                storm.count_reregistration(pipe, now_ts)
+            pipe.execute()
     if previous_channel and previous_channel != channel_name:
         # Called from the agent socket's own loop (through database_sync_to_async), where
         # async_to_sync reuses that loop and its Redis pool.
@@ -96,7 +112,23 @@ def register_host(token_id: int, message: Register, channel_name: str) -> Regist
                 previous_channel, {"type": "agent.superseded"}
             ),
         )
-    return Registered(host_id=host.pk, desired_claims=desired, prepull_images=images_for(host.pk))
+    largest = max((gpu.memory_total_bytes for gpu in message.gpus), default=0)
+    return Registered(
+        host_id=host.pk,
+        desired_claims=desired,
+        prepull_images=images_fitting(largest),
+        pending_frames=pending,
+    )
+
+
+def _refuse_over_cap(token: AgentToken) -> None:
+    cap = settings.MAX_HOSTS_PER_TOKEN
+    # Counted up to the cap only: the work stays bounded however many hosts the token holds.
+    if Host.objects.filter(token=token)[:cap].count() >= cap:
+        raise RegistrationRefused(
+            f"this agent token already holds {cap} hosts "
+            "(MAX_HOSTS_PER_TOKEN); create another token for more machines"
+        )
 
 
 def _refuse_takeover(host: Host, token_id: int, machine_id: str) -> None:
@@ -132,37 +164,60 @@ def _held_by_live_socket(host: Host) -> bool:
     return host.offline_after is not None and host.offline_after > timezone.now()
 
 
-def _upsert_gpus(host: Host, gpus: tuple[GpuState, ...], now: datetime) -> None:
-    existing = {
-        gpu.index: gpu for gpu in Gpu.objects.select_for_update(no_key=True).filter(host=host)
-    }
-    for state in gpus:
-        gpu = existing.pop(state.index, None) or _new_gpu(host, state.index)
-        gpu.uuid = state.uuid
-        gpu.name = state.name
-        gpu.present = True
-        _apply_telemetry(gpu, state, now)
-        gpu.save()
-    # GPUs the host no longer reports stay for history but cannot be rented.
-    Gpu.objects.filter(pk__in=[gpu.pk for gpu in existing.values()]).update(present=False)
+# What a registration rewrites on a GPU it already knows; the price and listing are its
+# owner's and are set only when the GPU is first seen.
+_GPU_REPORTED_FIELDS = [
+    "uuid",
+    "name",
+    "present",
+    "memory_total_bytes",
+    "memory_used_bytes",
+    "utilization_pct",
+    "processes",
+    "stats_updated_at",
+]
 
 
-def _new_gpu(host: Host, index: int) -> Gpu:
-    """A GPU seen for the first time: listed at the host's default price if its owner set
-    one, otherwise unlisted and unpriced until they do (never for rent at $0 by accident)."""
-    default = host.default_price_per_hour_micros
-    if default is None and host.token_id is not None:
-        default = (
-            AgentToken.objects.filter(pk=host.token_id)
-            .values_list("default_price_per_hour_micros", flat=True)
-            .first()
+def _upsert_gpus(
+    host: Host,
+    gpus: tuple[GpuState, ...],
+    now: datetime,
+    default_price: int | None,
+    *,
+    is_new: bool,
+) -> None:
+    """All the reported GPUs in one INSERT ... ON CONFLICT (host, index) DO UPDATE; those the
+    host no longer reports in one UPDATE (they stay for history but cannot be rented)."""
+    if gpus:
+        Gpu.objects.bulk_create(
+            [_reported_gpu(host, state, now, default_price) for state in gpus],
+            update_conflicts=True,
+            unique_fields=["host", "index"],
+            update_fields=_GPU_REPORTED_FIELDS,
         )
-    if default is None:
-        return Gpu(host=host, index=index, listed=False, priced=False)
-    return Gpu(host=host, index=index, listed=True, priced=True, price_per_hour_micros=default)
+    if not is_new:
+        Gpu.objects.filter(host=host, present=True).exclude(
+            index__in=[state.index for state in gpus]
+        ).update(present=False)
 
 
-def _apply_telemetry(gpu: Gpu, state: GpuState, now: datetime) -> None:
+def _reported_gpu(host: Host, state: GpuState, now: datetime, default_price: int | None) -> Gpu:
+    """The row as reported; a GPU seen for the first time is listed at the host's (or else its
+    token's) default price if its owner set one, otherwise unlisted and unpriced until they do
+    (never for rent at $0 by accident)."""
+    if default_price is None:
+        gpu = Gpu(host=host, index=state.index, listed=False, priced=False)
+    else:
+        gpu = Gpu(
+            host=host,
+            index=state.index,
+            listed=True,
+            priced=True,
+            price_per_hour_micros=default_price,
+        )
+    gpu.uuid = state.uuid
+    gpu.name = state.name
+    gpu.present = True
     gpu.memory_total_bytes = state.memory_total_bytes
     gpu.memory_used_bytes = state.memory_used_bytes
     gpu.utilization_pct = state.utilization_pct
@@ -170,6 +225,7 @@ def _apply_telemetry(gpu: Gpu, state: GpuState, now: datetime) -> None:
         {"pid": p.pid, "name": p.name, "memory_bytes": p.memory_bytes} for p in state.processes
     ]
     gpu.stats_updated_at = now
+    return gpu
 
 
 def detach_channel(host_id: int, channel_name: str) -> None:

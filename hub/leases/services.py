@@ -411,12 +411,15 @@ def reconcile_claims(host: Host, claims: tuple[ClaimState, ...], now: datetime) 
     """On register: which of the agent's claims the hub still wants; end leases the agent lost."""
     reported = {claim.lease_id for claim in claims}
     desired: list[str] = []
-    # The host is back: the grace clock stops for every lease on it; the ones the agent
-    # really lost are ended below.
-    note_host_back(host.pk, now)
     live = Q(state__in=[State.RESERVING, State.STARTING, State.RUNNING, State.STOPPING]) | Q(
         state=State.FAILED, lease_gpus__active=True
     )
+    # Most hosts of a reconnect storm hold no lease: one look, and nothing else to do.
+    if not Lease.objects.filter(live | Q(host_lost_since__isnull=False), host=host).exists():
+        return ()
+    # The host is back: the grace clock stops for every lease on it; the ones the agent
+    # really lost are ended below.
+    note_host_back(host.pk, now)
     live_ids = Lease.objects.filter(live, host=host).values("pk")
     for lease in (
         Lease.objects.select_for_update(no_key=True).filter(pk__in=live_ids).order_by("pk")
