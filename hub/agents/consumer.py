@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import close_old_connections
 from redis.exceptions import RedisError
 
-from hub.agents import heartbeats, registration
+from hub.agents import heartbeats, registration, registration_batch
 from hub.agents.exec_relay import Delivery, ExecRoutes
 from hub.leases import logs as lease_logs
 from hub.leases import services as lease_services
@@ -79,12 +79,11 @@ def _db(function: Any) -> Any:
     return database_sync_to_async(run, thread_sensitive=False, executor=_agent_db_threads())
 
 
-# A handshake's database steps (the token at connect, the registration) wait for one of
-# AGENT_DB_THREADS slots per process on the event loop, not in the threads' queue: when a slot
-# frees, a step whose client has already gone (it gave up waiting, or Daphne's handshake timeout
-# closed it) is dropped there instead of costing the statements of a registration nobody will
-# read. In a reconnect storm those were a large share of the work (docs/benchmarks.md). Per
-# event loop: tests run several.
+# A new socket's token check waits for one of AGENT_DB_THREADS slots per process on the event
+# loop, not in the threads' queue: when a slot frees, a check whose client has already gone (it
+# gave up waiting, or Daphne's handshake timeout closed it) is dropped there instead of costing
+# a query nobody will read (registrations do the same in registration_batch). Per event loop:
+# tests run several.
 _handshake_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
     weakref.WeakKeyDictionary()
 )
@@ -102,7 +101,7 @@ class ClientLeft(Exception):
     """The client closed its socket while its handshake step waited for a slot."""
 
 
-# Handshake steps skipped because their client had left (per process; the bench reads it).
+# Token checks skipped because their client had left (per process).
 dropped_handshake_steps = 0
 
 
@@ -333,10 +332,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self._reply(Welcome(host_id=host_id))
             return
         try:
-            registered = await self._handshake_step(
-                registration.register_host, self.token_id, message, self.channel_name
+            registered = await registration_batch.register(
+                registration.Request(self.token_id, message, self.channel_name),
+                lambda: client_left(self._receive),
+                _db,
             )
-        except ClientLeft:
+        except registration_batch.ClientLeft:
             self._closing = True  # nobody to answer; the queued disconnect ends this consumer
             return
         self.host_id = registered.host_id

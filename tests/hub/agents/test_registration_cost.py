@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from hub.agents import registration
 from hub.catalog import prepull
-from hub.suppliers.models import AgentToken, Gpu
+from hub.suppliers.models import AgentToken, Gpu, Host
 from tests.hub import factories as f
 
 pytestmark = pytest.mark.django_db
@@ -97,3 +97,65 @@ def test_the_prepull_answer_costs_no_statement_of_its_own() -> None:
 
     # images_for's aggregate over the host's GPUs is gone: the reported GPUs give the VRAM.
     assert not any("MAX(" in sql.upper() for sql in statements), statements
+
+
+# --- a batch of registrations (registration_batch.py, as a reconnect storm brings them) --------
+
+
+def _batch(requests: list[registration.Request]) -> tuple[list[str], registration.BatchResult]:
+    with CaptureQueriesContext(connection) as captured:
+        result = registration.register_many(requests)
+    statements = [
+        q["sql"]
+        for q in captured.captured_queries
+        if not q["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))
+    ]
+    return statements, result
+
+
+def _reconnects(token: AgentToken, hosts: int, gpus: int = 1) -> list[registration.Request]:
+    agent_ids = [str(uuid.uuid4()) for _ in range(hosts)]
+    for agent_id in agent_ids:
+        f.register_host(token, agent_id=agent_id, gpus=range(gpus), channel_name=f"old-{agent_id}")
+    return [
+        registration.Request(token.pk, f.register_message(a, gpus=range(gpus)), f"c-{a}")
+        for a in agent_ids
+    ]
+
+
+def test_a_batch_of_reconnects_costs_the_same_few_statements_for_one_host_or_thirty() -> None:
+    token, _ = f.make_token()
+    one, _ = _batch(_reconnects(token, 1))
+    thirty, result = _batch(_reconnects(token, 30, gpus=4))
+
+    assert len(one) <= MAX_RECONNECT_STATEMENTS, one
+    assert len(thirty) == len(one), thirty
+    assert all(isinstance(o, registration.Registered) for o in result.outcomes)
+
+
+def test_a_batch_answers_each_request_as_register_host_would() -> None:
+    token, _ = f.make_token()
+    back = _reconnects(token, 2, gpus=2)
+    # One of them now reports one GPU fewer.
+    back[1] = registration.Request(
+        token.pk, f.register_message(back[1].message.agent_id, gpus=[0]), back[1].channel_name
+    )
+    new = registration.Request(token.pk, f.register_message(), "c-new")
+    theirs = f.register_host()  # another supplier's host
+    stranger = registration.Request(token.pk, f.register_message(str(theirs.agent_id)), "c-x")
+
+    _, result = _batch([*back, new, stranger])
+
+    first, second, joined, refused = result.outcomes
+    assert isinstance(first, registration.Registered)
+    assert isinstance(second, registration.Registered)
+    assert isinstance(joined, registration.Registered)  # a new host: register_host's path
+    assert isinstance(refused, registration.RegistrationRefused)  # another supplier's id
+    assert Host.objects.get(pk=first.host_id).channel_name == back[0].channel_name
+    assert dict(Gpu.objects.filter(host_id=second.host_id).values_list("index", "present")) == {
+        0: True,
+        1: False,
+    }
+    assert Host.objects.get(pk=joined.host_id).status == Host.Status.ONLINE
+    # The sockets these registrations replaced are named for the caller to tell.
+    assert sorted(result.superseded) == sorted(f"old-{r.message.agent_id}" for r in back)
