@@ -93,9 +93,11 @@ def emit(event: dict[str, Any]) -> None:
 
 async def _session(index: int, agent_id: str, state: SwarmState) -> None:
     gate = state.gate if state.gate is not None else contextlib.nullcontext()
+    # Several web processes: the URLs comma-separated, each agent always on the same one.
+    urls = state.url.split(",")
     async with gate:
         ws = await connect(
-            state.url,
+            urls[index % len(urls)],
             additional_headers={"Authorization": f"Bearer {state.token}"},
             compression=None,
             # The real agent's budgets (10 s to open, 10 s for the welcome): in a storm an agent

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 
 from hub.agents import registration
@@ -96,7 +98,9 @@ class _Batcher:
                         future.set_exception(outcome)
                     else:
                         future.set_result(outcome)
-                await _tell_superseded(result.superseded)
+                if result.superseded:
+                    # Not part of the batch's turn: the next batch need not wait for it.
+                    asyncio.get_running_loop().create_task(_tell_superseded(result.superseded))
         except Exception as exc:  # every waiter learns it; each socket answers for itself
             for _, _, future in batch:
                 if not future.done():
@@ -106,19 +110,38 @@ class _Batcher:
             self._start(run_in_thread)
 
 
+# Processes whose channel queue was found full: their sockets are gone (the process stopped) or
+# hopelessly behind. Further notices to them are skipped for this long: in a storm every old
+# channel belongs to the stopped process, and each notice was a Redis round trip.
+DEAD_PROCESS_S = 60.0
+_full_processes: dict[str, float] = {}
+
+
+def _process_of(channel: str) -> str:
+    # channels_redis names a socket's channel "specific.<process prefix>!<socket>".
+    return channel.partition("!")[0]
+
+
 async def _tell_superseded(channels: list[str]) -> None:
-    """Best effort, as registration.tell_old_socket: most of a storm's old channels belong to
-    the process that stopped, whose queues are full or gone."""
-    if not channels:
-        return
+    """Best effort, as registration.tell_old_socket, one at a time (concurrent sends would each
+    take a pooled Redis connection)."""
     layer = get_channel_layer()
-    outcomes = await asyncio.gather(
-        *(local_channels.send(layer, c, {"type": "agent.superseded"}) for c in channels),
-        return_exceptions=True,
-    )
-    failed = [o for o in outcomes if isinstance(o, BaseException)]
-    if failed:
-        log.info("agent.superseded not delivered to %d old sockets: %r", len(failed), failed[0])
+    skipped = 0
+    for channel in channels:
+        process = _process_of(channel)
+        now = time.monotonic()
+        if _full_processes.get(process, 0.0) > now:
+            skipped += 1
+            continue
+        try:
+            await local_channels.send(layer, channel, {"type": "agent.superseded"})
+        except ChannelFull:
+            _full_processes[process] = now + DEAD_PROCESS_S
+            skipped += 1
+        except Exception as exc:  # Redis down: the old socket closes on its own
+            log.info("agent.superseded not delivered to %s: %r", channel, exc)
+    if skipped:
+        log.info("agent.superseded skipped for %d sockets of stopped processes", skipped)
 
 
 _batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Batcher] = (
