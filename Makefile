@@ -15,8 +15,9 @@ $(STAMP): requirements/hub.txt requirements/agent.txt requirements/dev.txt pypro
 	$(BIN)/python -m pip install --quiet -r requirements/dev.txt -e .
 	touch $(STAMP)
 
+# `make run WEB=2`: two web processes behind nginx (python -m hub.runner serve --web 2).
 run: venv
-	$(BIN)/python -m hub.runner serve
+	$(BIN)/python -m hub.runner serve $(if $(WEB),--web $(WEB))
 
 test: venv lint
 	$(BIN)/python -m hub.runner exec --state .state/test -- $(BIN)/python -m pytest $(PYTEST_ARGS)

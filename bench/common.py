@@ -235,16 +235,29 @@ def setup_django(env: dict[str, str]) -> None:
 
 @dataclass
 class Hub:
-    """One Daphne, one Celery worker (as `make run` starts it) and beat."""
+    """One Daphne (or ``webs`` of them: "web", "web-2", ...), one Celery worker (as `make run`
+    starts it) and beat."""
 
     env: dict[str, str]
     port: int = field(default_factory=free_port)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     log_dir: Path = LOG_DIR
+    webs: int = 1
+    more_ports: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.more_ports = [free_port() for _ in range(self.webs - 1)]
+
+    @property
+    def web_names(self) -> list[str]:
+        return ["web", *(f"web-{n}" for n in range(2, self.webs + 1))]
 
     @property
     def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/api/p2p/ws/"
+        """Every web process's agent URL, comma-separated (the swarm spreads its agents)."""
+        return ",".join(
+            f"ws://127.0.0.1:{port}/api/p2p/ws/" for port in [self.port, *self.more_ports]
+        )
 
     @property
     def http_url(self) -> str:
@@ -263,14 +276,19 @@ class Hub:
                 start_new_session=True,
             )
 
-    def start_web(self) -> None:
-        self._start(
-            "web",
-            [sys.executable, "-m", "hub.serve", "-v", "0", "-b", "127.0.0.1", "-p", str(self.port),
-             "hub.asgi:application"],
-        )  # fmt: skip
-        if not wait_for_port(self.port, timeout_s=60):
-            raise RuntimeError(f"Daphne did not listen; see {self.log_dir / 'web.log'}")
+    def start_web(self, only: str | None = None) -> None:
+        ports = dict(zip(self.web_names, [self.port, *self.more_ports], strict=True))
+        for name, port in ports.items():
+            if only is not None and name != only:
+                continue
+            self._start(
+                name,
+                [sys.executable, "-m", "hub.serve", "-v", "0", "-b", "127.0.0.1", "-p", str(port),
+                 "hub.asgi:application"],
+            )  # fmt: skip
+        for name, port in ports.items():
+            if (only is None or name == only) and not wait_for_port(port, timeout_s=60):
+                raise RuntimeError(f"Daphne did not listen; see {self.log_dir / f'{name}.log'}")
 
     def start(self, *, worker: bool = True, beat: bool = True) -> Hub:
         celery = [sys.executable, "-m", "celery", "-A", "hub"]
@@ -294,8 +312,10 @@ class Hub:
         self.start_web()
         return self
 
-    def stop_web(self) -> None:
-        stop_tree(self.processes.pop("web"))
+    def stop_web(self, only: str | None = None) -> None:
+        for name in self.web_names:
+            if only is None or name == only:
+                stop_tree(self.processes.pop(name))
 
     def stop(self) -> None:
         for name in list(self.processes):

@@ -23,7 +23,7 @@ from typing import Any
 
 import psutil
 
-from bench import common
+from bench import common, reconnect
 from bench.swarm import Swarm
 
 LATENCY_GOAL_MS = 100.0
@@ -75,10 +75,10 @@ def held(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"figure": "agents held", "machine": common.machine()}
     result["hub_settings"] = args.hub_settings
     result["baselines"] = baselines(env)
-    with common.Hub(env).start() as hub:
+    with common.Hub(env, webs=args.webs).start() as hub:
         time.sleep(2)
-        web = psutil.Process(hub.pid("web"))
-        rss_idle = web.memory_info().rss
+        webs = [psutil.Process(hub.pid(name)) for name in hub.web_names]
+        rss_idle = sum(web.memory_info().rss for web in webs)
         with Swarm(hub.ws_url, token, args.agents, interval=args.interval) as swarm:
             connected = swarm.wait_connected(args.connect_timeout)
             result["connect"] = {
@@ -90,8 +90,9 @@ def held(args: argparse.Namespace) -> dict[str, Any]:
             common.pg_flush_stats(env["DATABASE_URL"])
             pg_before = common.pg_snapshot(env["DATABASE_URL"])
             cpu = common.CpuMeter(
-                {"daphne": hub.pid("web"), "worker": hub.pid("worker"), "beat": hub.pid("beat"),
-                 **common.server_pids()}
+                {**{f"daphne-{n}": hub.pid(n) for n in hub.web_names},
+                 "worker": hub.pid("worker"), "beat": hub.pid("beat"),
+                 **common.server_pids(), **{f"swarm-{i}": p for i, p in enumerate(swarm.pids())}}
             )  # fmt: skip
             windows, all_latencies, drops = [], [], 0
             held_until = time.monotonic() + args.hold
@@ -110,11 +111,14 @@ def held(args: argparse.Namespace) -> dict[str, Any]:
             cpu_pct = cpu.percent()
             common.pg_flush_stats(env["DATABASE_URL"])
             pg_after = common.pg_snapshot(env["DATABASE_URL"])
-            rss_loaded = web.memory_info().rss
+            rss_loaded = sum(web.memory_info().rss for web in webs)
+            redis_by_process = reconnect.redis_clients_by_process(env["REDIS_URL"], hub)
             status = swarm.status()
     heartbeats = len(all_latencies)
     result.update(
         agents=args.agents,
+        web_processes=args.webs,
+        redis_connections_by_process=redis_by_process,
         interval_s=args.interval,
         hold_s=args.hold,
         windows=windows,
@@ -216,6 +220,7 @@ def main() -> None:
     held_parser.add_argument("--hold", type=float, default=600.0, help="seconds held")
     held_parser.add_argument("--window", type=float, default=60.0, help="seconds per window")
     held_parser.add_argument("--connect-timeout", type=float, default=600.0)
+    held_parser.add_argument("--webs", type=int, default=1, help="web (Daphne) processes")
     ramp_parser = modes.add_parser("ramp", help="interval 1 s: heartbeats/s until p99 > 100 ms")
     ramp_parser.add_argument(
         "--steps",

@@ -53,11 +53,24 @@ def redis_clients_by_process(url: str, hub: common.Hub) -> dict[str, int]:
     return counts
 
 
+def offline_transitions(url: str) -> int:
+    """Hosts marked offline so far (the sweep's transition rows): a storm should add none."""
+    import psycopg
+
+    with psycopg.connect(**common.pg_conninfo(url), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM suppliers_hosttransition WHERE to_status = 'offline'"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--agents", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--webs", type=int, default=1, help="web (Daphne) processes")
+    parser.add_argument("--name", default="", help="suffix of the result file")
     args = parser.parse_args()
     env = common.bench_env()
     common.prepare(env)
@@ -70,7 +83,8 @@ def main() -> None:
     own = redis.Redis.from_url(env["REDIS_URL"])
     exclude = {int(own.client_id())}
     restarts = []
-    with common.Hub(env).start() as hub, Swarm(hub.ws_url, token, args.agents) as swarm:
+    hub_processes = common.Hub(env, webs=args.webs)
+    with hub_processes.start() as hub, Swarm(hub.ws_url, token, args.agents) as swarm:
         connected = swarm.wait_connected(args.timeout)
         result["initial_connect"] = connected
         time.sleep(20)  # one heartbeat round, sweeps and the worker's pool settle
@@ -79,6 +93,7 @@ def main() -> None:
         result["hub_processes"] = hub.process_count()
         result["redis_connections_by_process"] = redis_clients_by_process(env["REDIS_URL"], hub)
         for _ in range(args.repeats):
+            offline_before = offline_transitions(env["DATABASE_URL"])
             swarm.storm()
             stopped = time.time()
             hub.stop_web()
@@ -97,18 +112,23 @@ def main() -> None:
                 "failed_connect_attempts": sum(m["failed"] for m in back.values()),
                 "redis_connections_after": redis_clients(env["REDIS_URL"], exclude),
             })  # fmt: skip
-            print(f"[reconnect] {restarts[-1]}", flush=True)
             time.sleep(20)
+            restarts[-1]["hosts_marked_offline"] = (
+                offline_transitions(env["DATABASE_URL"]) - offline_before
+            )
+            print(f"[reconnect] {restarts[-1]}", flush=True)
     own.close()
     done = [r["all_back_s"] for r in restarts if "all_back_s" in r]
     result.update(
         agents=args.agents,
+        web_processes=args.webs,
         restarts=restarts,
         all_back_s_median=common.median(done) if done else None,
         all_back_s_max=max(done) if done else None,
         agents_per_s_median=round(args.agents / common.median(done), 1) if done else None,
     )
-    common.write_result(f"reconnect-{args.agents}", result)
+    suffix = f"-{args.name}" if args.name else ""
+    common.write_result(f"reconnect-{args.agents}{suffix}", result)
 
 
 if __name__ == "__main__":

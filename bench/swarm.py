@@ -8,7 +8,8 @@ Latency: after each heartbeat an agent sends a probe (a frame of an unknown type
 reply the hub sends only after it has handled the heartbeat; the round trip is an upper bound on
 heartbeat-to-processed, and includes the client's own scheduling.
 
-Reconnects follow the real agent: full jitter, ``uniform(0, min(60, 1 * 2**attempt))``.
+Reconnects follow the real agent: full jitter, ``uniform(0, min(60, 1 * 2**attempt))``, and
+its 10 s budgets to open the socket and to get the welcome.
 """
 
 from __future__ import annotations
@@ -33,7 +34,12 @@ import psutil
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from supplier_agent.agent import BACKOFF_BASE_S, BACKOFF_CAP_S, STABLE_CONNECTION_S
+from supplier_agent.agent import (
+    BACKOFF_BASE_S,
+    BACKOFF_CAP_S,
+    STABLE_CONNECTION_S,
+    WELCOME_TIMEOUT_S,
+)
 
 PROBE = json.dumps({"type": "probe", "v": 1})  # an unknown type: answered with an error
 
@@ -87,12 +93,16 @@ def emit(event: dict[str, Any]) -> None:
 
 async def _session(index: int, agent_id: str, state: SwarmState) -> None:
     gate = state.gate if state.gate is not None else contextlib.nullcontext()
+    # Several web processes: the URLs comma-separated, each agent always on the same one.
+    urls = state.url.split(",")
     async with gate:
         ws = await connect(
-            state.url,
+            urls[index % len(urls)],
             additional_headers={"Authorization": f"Bearer {state.token}"},
             compression=None,
-            open_timeout=60,
+            # The real agent's budgets (10 s to open, 10 s for the welcome): in a storm an agent
+            # that waits longer than that gives up and retries after its backoff.
+            open_timeout=WELCOME_TIMEOUT_S,
             max_size=2**20,
             ping_interval=20,  # as the real agent
             ping_timeout=20,
@@ -100,7 +110,7 @@ async def _session(index: int, agent_id: str, state: SwarmState) -> None:
         )
         try:
             await ws.send(register_frame(agent_id))
-            welcome = json.loads(await asyncio.wait_for(ws.recv(), 60))
+            welcome = json.loads(await asyncio.wait_for(ws.recv(), WELCOME_TIMEOUT_S))
         except BaseException:
             await ws.close()
             raise

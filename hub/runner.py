@@ -1,6 +1,6 @@
 """The dev runner behind `make run` and `make test`.
 
-    python -m hub.runner serve [--state DIR] [--host H] [--port P]
+    python -m hub.runner serve [--state DIR] [--host H] [--port P] [--web N]
     python -m hub.runner exec [--state DIR] -- COMMAND ...
 
 Without DATABASE_URL / REDIS_URL it starts the embedded Postgres and Redis under the state
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from hub.lib import demo_gateway
+from hub.lib import demo_gateway, web_proxy
 from hub.lib import metrics_dir as metrics
 from hub.lib.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedServiceError
 from hub.lib.ports import wait_for_port
@@ -268,7 +268,47 @@ def _plan_gateway(state: Path, env: dict[str, str], port: int) -> demo_gateway.D
     return gateway
 
 
-def serve(state: Path, host: str, port: int) -> int:
+# --web N: more than this many Daphne processes on one machine buys nothing but memory.
+MAX_WEB_PROCESSES = 16
+
+
+def _start_web(
+    supervisor: Supervisor, env: dict[str, str], state: Path, host: str, port: int, web: int
+) -> None:
+    """One Daphne on ``port``; or, with ``web`` > 1, that many on the loopback ports after it
+    behind nginx on ``port`` (hub/lib/web_proxy.py), agents spread across them."""
+    # hub.serve is Daphne with its logs redacted (agent tokens may be in a path).
+    daphne = [sys.executable, "-m", "hub.serve"]
+    if web == 1:
+        supervisor.start(
+            "web",
+            [*daphne, "-b", host, "-p", str(port), "hub.asgi:application"],
+            env=env,
+            cwd=BASE_DIR,
+        )
+        return
+    proxy = web_proxy.plan(state / "web-proxy", host, port, web)
+    proxy.write()
+    for n, web_port in enumerate(proxy.upstream_ports, start=1):
+        supervisor.start(
+            f"web-{n}",
+            # Loopback only, so that only nginx can set the client's address (--proxy-headers).
+            [
+                *daphne,
+                "--proxy-headers",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(web_port),
+                "hub.asgi:application",
+            ],
+            env=env,
+            cwd=BASE_DIR,
+        )
+    supervisor.start("web-proxy", proxy.argv(), log_path=state / "web-proxy.log", cwd=BASE_DIR)
+
+
+def serve(state: Path, host: str, port: int, web: int = 1) -> int:
     state.mkdir(parents=True, exist_ok=True)
     lock = _lock_state(state)
     supervisor = Supervisor()
@@ -286,13 +326,7 @@ def serve(state: Path, host: str, port: int) -> int:
         _manage(env, "migrate", "--noinput", "--verbosity", "1")
         _manage(env, "create_demo_accounts")
         python = sys.executable
-        supervisor.start(
-            "web",
-            # hub.serve is Daphne with its logs redacted (agent tokens may be in a path).
-            [python, "-m", "hub.serve", "-b", host, "-p", str(port), "hub.asgi:application"],
-            env=env,
-            cwd=BASE_DIR,
-        )
+        _start_web(supervisor, env, state, host, port, web)
         supervisor.start(
             "worker",
             # Gossip and mingle sync workers with each other: one worker needs neither,
@@ -375,7 +409,7 @@ def serve(state: Path, host: str, port: int) -> int:
         return 0
     except _StopRequested:
         return 0
-    except (EmbeddedServiceError, subprocess.CalledProcessError) as exc:
+    except (EmbeddedServiceError, subprocess.CalledProcessError, web_proxy.ProxyUnavailable) as exc:
         print(f"hub runner: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -421,6 +455,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve_parser = commands.add_parser("serve", help="run the whole hub (make run)")
     serve_parser.add_argument("--host", default=os.environ.get("HUB_HOST", "127.0.0.1"))
     serve_parser.add_argument("--port", type=int, default=int(os.environ.get("HUB_PORT", "8000")))
+    serve_parser.add_argument(
+        "--web",
+        type=int,
+        default=int(os.environ.get("HUB_WEB_PROCESSES", "1")),
+        metavar="N",
+        help="web (Daphne) processes; more than one run behind nginx on --port",
+    )
     exec_parser = commands.add_parser(
         "exec", help="run COMMAND with the hub's services (make test)"
     )
@@ -435,7 +476,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     state = args.state.resolve()
     if args.command == "serve":
-        return serve(state, args.host, args.port)
+        if not 1 <= args.web <= MAX_WEB_PROCESSES:
+            parser.error(f"--web takes 1 to {MAX_WEB_PROCESSES} processes")
+        return serve(state, args.host, args.port, args.web)
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not command:
         parser.error("exec needs a command after --")

@@ -177,6 +177,11 @@ class RedactingCommandLineInterface(CommandLineInterface):
         tune_garbage_collection()
         schedule_full_collections()
         install_snapshot_signal()
+        # Imported here: models load only after the app's django.setup().
+        from hub.agents import storm
+
+        # The offline sweep gives this process's returning agents one full deadline.
+        storm.note_web_started()
         return ResponseSizes(application)
 
 

@@ -342,6 +342,19 @@ COMMAND_DEADLINES_S = {
     "release": env_int("COMMAND_DEADLINE_RELEASE_S", 600),
 }
 SWEEP_INTERVAL_S = env_int("SWEEP_INTERVAL_S", 5)
+# The sweep holds during a reconnect storm (hub/agents/storm.py): while the hosts overdue plus
+# those re-registered in the last HOST_OFFLINE_AFTER_S are at least this percentage of the
+# fleet and at least SWEEP_STORM_MIN_HOSTS, or a web process started less than
+# HOST_OFFLINE_AFTER_S ago; never longer than SWEEP_HOLD_MAX_S at a time, so a real failure is
+# still seen (that much later).
+SWEEP_STORM_PERCENT = env_int("SWEEP_STORM_PERCENT", 5)
+SWEEP_STORM_MIN_HOSTS = env_int("SWEEP_STORM_MIN_HOSTS", 20)
+SWEEP_HOLD_MAX_S = env_int("SWEEP_HOLD_MAX_S", 180)
+if not 1 <= SWEEP_STORM_PERCENT <= 100 or SWEEP_STORM_MIN_HOSTS < 1 or SWEEP_HOLD_MAX_S < 0:
+    raise ImproperlyConfigured(
+        "SWEEP_STORM_PERCENT must be 1-100, SWEEP_STORM_MIN_HOSTS at least 1, "
+        "SWEEP_HOLD_MAX_S 0 or more"
+    )
 CELERY_BEAT_SCHEDULE = {
     "mark-overdue-hosts-offline": {
         "task": "suppliers.mark_overdue_hosts_offline",

@@ -7,6 +7,8 @@ import asyncio
 import functools
 import logging
 import time
+import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -16,13 +18,14 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 from redis.exceptions import RedisError
 
-from hub.agents import heartbeats, registration
+from hub.agents import heartbeats, registration, registration_batch
 from hub.agents.exec_relay import Delivery, ExecRoutes
 from hub.leases import gpu_faults, terminals
 from hub.leases import logs as lease_logs
 from hub.leases import services as lease_services
 from hub.lib import local_channels, metrics
 from hub.lib.compat_channels import dispatch_without_db_cleanup
+from hub.lib.compat_daphne import client_left
 from hub.suppliers.services import authenticate_agent_token
 from hub.tunnels import services as tunnel_services
 from hub.volumes import services as volume_services
@@ -78,6 +81,32 @@ def _db(function: Any) -> Any:
     return database_sync_to_async(run, thread_sensitive=False, executor=_agent_db_threads())
 
 
+# A new socket's token check waits for one of AGENT_DB_THREADS slots per process on the event
+# loop, not in the threads' queue: when a slot frees, a check whose client has already gone (it
+# gave up waiting, or Daphne's handshake timeout closed it) is dropped there instead of costing
+# a query nobody will read (registrations do the same in registration_batch). Per event loop:
+# tests run several.
+_handshake_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _slots() -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()
+    slots = _handshake_slots.get(loop)
+    if slots is None:
+        slots = _handshake_slots[loop] = asyncio.Semaphore(settings.AGENT_DB_THREADS)
+    return slots
+
+
+class ClientLeft(Exception):
+    """The client closed its socket while its handshake step waited for a slot."""
+
+
+# Token checks skipped because their client had left (per process).
+dropped_handshake_steps = 0
+
+
 # A well-behaved agent sends a heartbeat every 15 s plus an ack per command.
 MAX_FRAMES_PER_WINDOW = 300
 FRAME_WINDOW_S = 10.0
@@ -120,8 +149,23 @@ class AgentConsumer(AsyncWebsocketConsumer):
     # not host_id, which a superseded socket clears before its disconnect runs).
     _counted = False
 
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self._receive = receive  # only to look for an unread disconnect (_handshake_step)
+        await super().__call__(scope, receive, send)
+
+    async def _handshake_step(self, function: Callable[..., Any], *args: Any) -> Any:
+        global dropped_handshake_steps
+        async with _slots():
+            if client_left(self._receive):
+                dropped_handshake_steps += 1
+                raise ClientLeft
+            return await _db(function)(*args)
+
     async def connect(self) -> None:
-        token = await _db(authenticate_agent_token)(_bearer(self.scope))
+        try:
+            token = await self._handshake_step(authenticate_agent_token, _bearer(self.scope))
+        except ClientLeft:
+            return  # Daphne already closed it; the queued disconnect ends this consumer
         if token is None:
             await self.close()  # before accept: Daphne answers the handshake with 403
             return
@@ -307,9 +351,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
             host_id = await _db(registration.probe_registration)(self.token_id, message)
             await self._reply(Welcome(host_id=host_id))
             return
-        registered = await _db(registration.register_host)(
-            self.token_id, message, self.channel_name
-        )
+        try:
+            registered = await registration_batch.register(
+                registration.Request(self.token_id, message, self.channel_name),
+                lambda: client_left(self._receive),
+                _db,
+            )
+        except registration_batch.ClientLeft:
+            self._closing = True  # nobody to answer; the queued disconnect ends this consumer
+            return
         self.host_id = registered.host_id
         logjson.bind(host_id=registered.host_id)  # this socket's later log lines carry it
         metrics.REGISTRATIONS.labels("ok").inc()
@@ -324,8 +374,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 prepull_images=registered.prepull_images,
             )
         )
-        # Deletes the agent has not confirmed (it was away, or the frame was lost): again.
-        for frame in await _db(volume_services.pending_deletes)(registered.host_id):
+        for frame in registered.pending_frames:
             await self._send(frame)
 
     async def _heartbeat(self, message: Heartbeat) -> None:

@@ -3,17 +3,21 @@ it (hub/leases/host_status.py), and a socket that is still open hears so."""
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 
 from django.conf import settings
 from django.utils import timezone
 
+from hub.agents import storm
 from hub.leases import host_status
 from hub.lib import channel_send
 from hub.suppliers import liveness
 from hub.suppliers.models import Host
 
 SWEEP_BATCH = 500
+
+log = logging.getLogger(__name__)
 
 
 def mark_overdue_hosts_offline(now: datetime | None = None) -> list[int]:
@@ -35,6 +39,18 @@ def mark_overdue_hosts_offline(now: datetime | None = None) -> list[int]:
                 "pk", flat=True
             )
         )
+    if not candidates:
+        storm.calm()
+        return []
+    # A web process restarted and its agents are still coming back: their deadlines passed
+    # while they had no socket to heartbeat on. Not a failure (storm.py says how it is told
+    # apart, and how long a hold may last).
+    reason = storm.holding(now_ts)
+    if reason is not None:
+        log.info(
+            "offline sweep holds %d overdue hosts: reconnect storm (%s)", len(candidates), reason
+        )
+        return []
     went_offline = []
     for host_id in sorted(candidates):
         deadline = liveness.deadline_of(host_id)

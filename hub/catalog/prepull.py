@@ -54,8 +54,7 @@ def images_for(host_id: int) -> tuple[str, ...]:
     """The PREPULL_IMAGES most rented template images of the last 30 days that fit the host's
     largest GPU. Only catalogue images: one renter's private image is nobody else's business,
     and a host's disk is the supplier's."""
-    limit = settings.PREPULL_IMAGES
-    if limit <= 0:
+    if settings.PREPULL_IMAGES <= 0:
         return ()
     largest = (
         Gpu.objects.filter(host_id=host_id, present=True).aggregate(v=Max("memory_total_bytes"))[
@@ -63,4 +62,13 @@ def images_for(host_id: int) -> tuple[str, ...]:
         ]
         or 0
     )
-    return tuple(image for image, vram in _ranked_images() if vram <= largest)[:limit]
+    return images_fitting(largest)
+
+
+def images_fitting(largest_vram_bytes: int) -> tuple[str, ...]:
+    """As ``images_for``, given the host's largest GPU: registration knows it from the GPUs the
+    agent just reported, so a reconnect storm costs no query here (the ranking is cached)."""
+    limit = settings.PREPULL_IMAGES
+    if limit <= 0:
+        return ()
+    return tuple(image for image, vram in _ranked_images() if vram <= largest_vram_bytes)[:limit]

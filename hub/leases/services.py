@@ -419,16 +419,32 @@ def record_container_exit(host_id: int, message: ContainerExited) -> None:
 # --- reconciliation and host loss ---------------------------------------------------------------
 
 
+def hosts_with_leases_to_reconcile(host_ids: list[int]) -> set[int]:
+    """Which of these hosts ``reconcile_claims`` has work for on a register (one statement):
+    a lease that is live on the host, or one whose grace clock runs."""
+    live = Q(state__in=[State.RESERVING, State.STARTING, State.RUNNING, State.STOPPING]) | Q(
+        state=State.FAILED, lease_gpus__active=True
+    )
+    return set(
+        Lease.objects.filter(live | Q(host_lost_since__isnull=False), host_id__in=host_ids)
+        .values_list("host_id", flat=True)
+        .distinct()
+    )
+
+
 def reconcile_claims(host: Host, claims: tuple[ClaimState, ...], now: datetime) -> tuple[str, ...]:
     """On register: which of the agent's claims the hub still wants; end leases the agent lost."""
     reported = {claim.lease_id for claim in claims}
     desired: list[str] = []
-    # The host is back: the grace clock stops for every lease on it; the ones the agent
-    # really lost are ended below.
-    note_host_back(host.pk, now)
+    # Most hosts of a reconnect storm hold no lease: one look, and nothing else to do.
+    if not hosts_with_leases_to_reconcile([host.pk]):
+        return ()
     live = Q(state__in=[State.RESERVING, State.STARTING, State.RUNNING, State.STOPPING]) | Q(
         state=State.FAILED, lease_gpus__active=True
     )
+    # The host is back: the grace clock stops for every lease on it; the ones the agent
+    # really lost are ended below.
+    note_host_back(host.pk, now)
     live_ids = Lease.objects.filter(live, host=host).values("pk")
     for lease in (
         Lease.objects.select_for_update(no_key=True).filter(pk__in=live_ids).order_by("pk")

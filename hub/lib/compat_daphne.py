@@ -26,10 +26,23 @@ Django-free, like the rest of ``hub.lib``.
     ``self.connections`` afresh each call and deleting reaped entries from that dict.
     Upstream: https://github.com/django/daphne/issues/192 (very high load with many idle
     websockets, open) is the closest; none is about the checker itself.
+
+``receive`` is ``asyncio.Queue.get`` of the connection's input queue (public names; the queue's
+``_queue`` deque is private)
+    Daphne's ``Server.create_application`` passes ``input_queue.get`` as the ASGI ``receive``
+    (asgiref's test communicator does the same), and its WebSocket protocol puts
+    ``websocket.disconnect`` there when the client leaves or the handshake times out
+    (``onClose``). Channels hands a consumer the next message only after the one before is
+    handled, so a registration queued behind a reconnect storm cannot see that its client has
+    gone; ``client_left`` looks into the queue instead. Upstream: ASGI has no "is the client
+    still there" call (django/asgiref discussions of ``http.disconnect`` polling are the
+    closest); none fits.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from daphne import server as daphne_server
@@ -44,3 +57,17 @@ def replace_http_factory(factory: type) -> None:
 def http_channel_of(protocol: Any) -> HTTPChannel:
     """The ``HTTPChannel`` inside the protocol Twisted's HTTPFactory built."""
     return protocol._channel  # type: ignore[no-any-return]
+
+
+def client_left(receive: Callable[[], Any]) -> bool:
+    """Whether a ``websocket.disconnect`` waits in the connection's input queue, unread. False
+    where ``receive`` is not a queue's ``get`` (another server): then nothing is skipped. Call
+    it on the event loop's thread only (the deque is not thread-safe)."""
+    queue = getattr(receive, "__self__", None)
+    if not isinstance(queue, asyncio.Queue):
+        return False
+    waiting = getattr(queue, "_queue", ())
+    return any(
+        isinstance(message, dict) and message.get("type") == "websocket.disconnect"
+        for message in waiting
+    )

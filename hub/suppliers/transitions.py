@@ -31,12 +31,16 @@ MAINTENANCE_OFF = "maintenance off"
 
 
 def set_online(host: Host, reason: str) -> None:
-    """For registration, which holds the host's row lock and saves the row itself."""
-    if host.status != Status.ONLINE:
-        HostTransition.objects.create(
-            host=host, from_status=host.status, to_status=Status.ONLINE, reason=reason
-        )
-        host.status = Status.ONLINE
+    """For registration, which holds the host's row lock and saves the row itself; a new host
+    (no id yet) is saved here, online, since its transition row needs its id."""
+    if host.status == Status.ONLINE:
+        return
+    previous, host.status = host.status, Status.ONLINE
+    if host.pk is None:
+        host.save()
+    HostTransition.objects.create(
+        host=host, from_status=previous, to_status=Status.ONLINE, reason=reason
+    )
 
 
 def mark_offline(host_id: int, reason: str, now: datetime) -> bool:

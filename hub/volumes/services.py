@@ -144,6 +144,15 @@ def pending_deletes(host_id: int) -> list[str]:
     return [encode(VolumeDelete(name=name)) for name in names[:1000]]
 
 
+def pending_deletes_of(host_ids: list[int]) -> list[tuple[int, str]]:
+    """``pending_deletes`` for many hosts in one statement (a batch of registrations): (host
+    id, frame) pairs, at most 1,000 per call."""
+    rows = Volume.objects.filter(host_id__in=host_ids, state=Volume.State.DELETING).values_list(
+        "host_id", "wire_name"
+    )
+    return [(host_id, encode(VolumeDelete(name=name))) for host_id, name in rows[:1000]]
+
+
 # --- leases -----------------------------------------------------------------------------------
 
 

@@ -6,17 +6,20 @@ or the Twisted it brings moves.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+from collections import deque
 
 import daphne
 import twisted
 from daphne import server as daphne_server
 from daphne.http_protocol import HTTPFactory
 from daphne.server import Server
+from daphne.ws_protocol import WebSocketProtocol
 from twisted.web.http import HTTPChannel
 
 from hub import serve
-from hub.lib.compat_daphne import http_channel_of
+from hub.lib.compat_daphne import client_left, http_channel_of
 
 
 def _recheck(what: str) -> str:
@@ -66,3 +69,28 @@ def test_daphne_application_checker_still_walks_and_edits_server_connections() -
         assert fragment in source, _recheck(f"Server.application_checker no longer does {fragment}")
     # hub.serve reassigns the attribute each tick; Server.run() creates it as a plain dict.
     assert "self.connections = {}" in inspect.getsource(Server.run), _recheck("Server.connections")
+
+
+def test_daphne_still_hands_the_application_a_queues_get_and_queues_the_disconnect() -> None:
+    # client_left looks into that queue: a registration queued behind a reconnect storm is
+    # skipped when its client has gone. Another shape would make it skip nothing, silently.
+    source = inspect.getsource(Server.create_application)
+    for fragment in ("input_queue = asyncio.Queue()", "receive=input_queue.get"):
+        assert fragment in source, _recheck(f"Server.create_application no longer does {fragment}")
+    assert '"type": "websocket.disconnect"' in inspect.getsource(WebSocketProtocol.onClose), (
+        _recheck("WebSocketProtocol.onClose's websocket.disconnect")
+    )
+    assert isinstance(getattr(asyncio.Queue(), "_queue", None), deque), _recheck(
+        "asyncio.Queue._queue"
+    )
+
+
+def test_client_left_sees_an_unread_disconnect_and_nothing_else() -> None:
+    inbox: asyncio.Queue[dict[str, object]] = asyncio.Queue()
+    assert not client_left(inbox.get)
+    inbox.put_nowait({"type": "websocket.receive", "text": "{}"})
+    assert not client_left(inbox.get)
+    inbox.put_nowait({"type": "websocket.disconnect", "code": 1006})
+    assert client_left(inbox.get)
+    # Not a queue's get (another server): it never claims the client left.
+    assert not client_left(lambda: None)
