@@ -6,9 +6,10 @@
 Without DATABASE_URL / REDIS_URL it starts the embedded Postgres and Redis under the state
 folder (data survives between runs); with them set it uses those services. `serve` then applies
 migrations, creates the demo accounts, starts Daphne, a Celery worker, Celery beat, the tunnel
-gateway where it can run (hub/lib/demo_gateway.py) and a demo agent, and on Ctrl-C (SIGINT) or
-SIGTERM stops every process it started. `exec` runs one command (the test
-suite) with the same environment and stops the services afterwards.
+gateway where it can run (hub/lib/demo_gateway.py) and a demo agent (their output in log files
+under the state folder), prints a summary ending with the demo passwords on the run that makes
+them, and on Ctrl-C (SIGINT) or SIGTERM stops every process it started. `exec` runs one
+command (the test suite) with the same environment and stops the services afterwards.
 """
 
 from __future__ import annotations
@@ -87,8 +88,49 @@ def _install_stop_handlers(stop: threading.Event) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _manage(env: dict[str, str], *args: str) -> None:
-    subprocess.run([sys.executable, str(BASE_DIR / "manage.py"), *args], env=env, check=True)
+def _manage(env: dict[str, str], log_path: Path | None, *args: str) -> str:
+    """Run a management command, its output kept off the terminal (where it would bury the
+    summary) and appended to ``log_path`` where given; returns that output. A failure raises
+    with its end."""
+    result = subprocess.run(
+        [sys.executable, str(BASE_DIR / "manage.py"), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        check=False,
+    )
+    if log_path is not None:
+        with log_path.open("a") as log:
+            log.write(result.stdout)
+    if result.returncode != 0:
+        tail = "\n".join(result.stdout.splitlines()[-20:])
+        raise subprocess.CalledProcessError(result.returncode, f"manage.py {args[0]}:\n{tail}")
+    return result.stdout
+
+
+def _demo_account_lines(env: dict[str, str], state: Path) -> list[str]:
+    """Create the demo accounts where missing; the summary's lines about them: their passwords
+    on the run that creates them (at the end, where they do not scroll away), else how to set
+    a new one."""
+    # Not logged: its output holds the passwords.
+    output = _manage(env, None, "create_demo_accounts")
+    created = [line.strip() for line in output.splitlines() if "demo-account " in line]
+    if created:
+        return [
+            "  accounts   shown on this run only, so copy them now:",
+            *(f"    {line}" for line in created),
+        ]
+    # As typed in the checkout, where `make run` runs: .venv/bin/python, not a long path.
+    python = sys.executable
+    if Path(python).is_relative_to(BASE_DIR):
+        python = os.path.relpath(python, BASE_DIR)
+    state_arg = "" if state == DEFAULT_STATE_DIR.resolve() else f" --state {state}"
+    return [
+        "  accounts   admin, renter, supplier (passwords were shown when they were made); for a",
+        "             new one, stop the hub and run: "
+        f"{python} -m hub.runner exec{state_arg} -- {python} manage.py changepassword admin",
+    ]
 
 
 # Where the hub's secrets are in the environment: neither the agent nor the gateway gets them.
@@ -280,10 +322,13 @@ def _start_web(
     # hub.serve is Daphne with its logs redacted (agent tokens may be in a path).
     daphne = [sys.executable, "-m", "hub.serve"]
     if web == 1:
+        # The children's banners and logs go to files under the state folder: on the terminal
+        # they buried the summary and its passwords.
         supervisor.start(
             "web",
             [*daphne, "-b", host, "-p", str(port), "hub.asgi:application"],
             env=env,
+            log_path=state / "web.log",
             cwd=BASE_DIR,
         )
         return
@@ -303,6 +348,7 @@ def _start_web(
                 "hub.asgi:application",
             ],
             env=env,
+            log_path=state / f"web-{n}.log",
             cwd=BASE_DIR,
         )
     supervisor.start("web-proxy", proxy.argv(), log_path=state / "web-proxy.log", cwd=BASE_DIR)
@@ -320,11 +366,13 @@ def serve(state: Path, host: str, port: int, web: int = 1) -> int:
         # adds up (hub/lib/metrics.py); emptied now, or the last run's counters would count.
         env.setdefault(metrics.MULTIPROC_ENV, str(state / "prometheus"))
         metrics.prepare_multiproc_dir(Path(env[metrics.MULTIPROC_ENV]))
-        env.setdefault("DEBUG", "1")
+        # DEBUG stays off unless asked for (DEBUG=1 make run): a newcomer gets the hub's own
+        # error pages, never Django's debug page listing every URL pattern.
         env.setdefault("HUB_PUBLIC_URL", f"http://{host}:{port}")
         gateway = _plan_gateway(state, env, port)
-        _manage(env, "migrate", "--noinput", "--verbosity", "1")
-        _manage(env, "create_demo_accounts")
+        print(f"Applying migrations (log in {state / 'migrate.log'}) ...", flush=True)
+        _manage(env, state / "migrate.log", "migrate", "--noinput", "--verbosity", "1")
+        account_lines = _demo_account_lines(env, state)
         python = sys.executable
         _start_web(supervisor, env, state, host, port, web)
         supervisor.start(
@@ -346,6 +394,7 @@ def serve(state: Path, host: str, port: int, web: int = 1) -> int:
                 "--without-mingle",
             ],
             env=env,
+            log_path=state / "worker.log",
             cwd=BASE_DIR,
         )
         supervisor.start(
@@ -363,10 +412,11 @@ def serve(state: Path, host: str, port: int, web: int = 1) -> int:
                 str(state / "celerybeat-schedule"),
             ],
             env=env,
+            log_path=state / "beat.log",
             cwd=BASE_DIR,
         )
         if not wait_for_port(port, host, timeout_s=60):
-            print("Daphne did not start listening; see its output above.", file=sys.stderr)
+            print(f"Daphne did not start listening; see {state / 'web.log'}.", file=sys.stderr)
             return 1
         base = f"http://{host}:{port}"
         lines = [
@@ -391,7 +441,9 @@ def serve(state: Path, host: str, port: int, web: int = 1) -> int:
             agent_log = state / "demo-agent" / "agent.log"
             runtime = _start_demo_agent(supervisor, state / "demo-agent", env, base)
             lines.append(f"  demo agent {runtime}, log in {agent_log}")
+        lines.append(f"  logs       web.log, worker.log, beat.log, migrate.log in {state}")
         lines.append(f"  state      {state}")
+        lines.extend(account_lines)
         print(
             "\nCloudGPU hub is running:\n"
             + "\n".join(lines)

