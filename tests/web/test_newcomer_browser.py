@@ -101,6 +101,7 @@ def test_a_gpu_s_state_follows_a_rental_hosts_are_named_and_an_ended_rental_tell
             expect(row.locator(".host-label")).to_have_text(f"rack-3 · {short_id}")
             expect(row).to_contain_text("DE")
             row.get_by_role("link", name="Rent").click()
+            page.wait_for_load_state()
             page.select_option("#id_template", label="Web demo")
             expect(page.locator("#id_image")).to_have_value("busybox:1.36")
             expect(page.locator("#id_ports")).to_have_value("8080")
