@@ -310,6 +310,10 @@ LOGGING = {
 AGENT_HEARTBEAT_INTERVAL_S = env_int("AGENT_HEARTBEAT_INTERVAL_S", 15)
 # An agent socket must send `register` this soon after connecting.
 AGENT_REGISTER_TIMEOUT_S = env_int("AGENT_REGISTER_TIMEOUT_S", 30)
+# The hub times a ping to each agent (the round trip on offers): first this long after it
+# registers (with its next heartbeat), then every AGENT_RTT_PING_INTERVAL_S.
+AGENT_RTT_FIRST_PING_S = env_int("AGENT_RTT_FIRST_PING_S", 30)
+AGENT_RTT_PING_INTERVAL_S = env_int("AGENT_RTT_PING_INTERVAL_S", 300)
 # Hosts one agent token may hold: a leaked token cannot fill the fleet with made-up hosts.
 MAX_HOSTS_PER_TOKEN = env_int("MAX_HOSTS_PER_TOKEN", 256)
 # An install one-liner's enrollment code is exchangeable (once) for this long after it is made.
@@ -450,6 +454,8 @@ BILLING_INTERVAL_S = env_int("BILLING_INTERVAL_S", 60)
 PLATFORM_FEE_BPS = env_int("PLATFORM_FEE_BPS", 1000)
 # Renters whose balance covers less than this many minutes of their rentals are warned.
 BILLING_WARN_MINUTES = env_int("BILLING_WARN_MINUTES", 10)
+# The smallest payout a supplier may request (micros): $10 by default, as transfers cost.
+PAYOUT_MINIMUM_MICROS = env_int("PAYOUT_MINIMUM_MICROS", 10_000_000)
 if not 0 <= PLATFORM_FEE_BPS <= 10_000:
     raise ImproperlyConfigured(
         f"PLATFORM_FEE_BPS must be between 0 and 10000 (100%), not {PLATFORM_FEE_BPS}"

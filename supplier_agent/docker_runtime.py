@@ -25,7 +25,14 @@ from supplier_agent.gpu import Nvml
 from supplier_agent.gpu_health import HealthWatch
 from supplier_agent.logs import LogSink
 from supplier_agent.protocol import DockerRun, ExecOpen, GpuHealth, GpuState, VolumeReport
-from supplier_agent.runtime import CommandFailed, ExitReport, ReserveOutcome, RunOutcome
+from supplier_agent.runtime import (
+    CommandFailed,
+    ExitReport,
+    HostFacts,
+    ReserveOutcome,
+    RunOutcome,
+    disk_free_bytes,
+)
 from supplier_agent.state import Claim
 from supplier_agent.volumes import VolumeJanitor
 
@@ -76,6 +83,20 @@ class DockerRuntime:
 
     async def gpu_health(self) -> list[GpuHealth]:
         return await asyncio.to_thread(self.health.sample)
+
+    async def host_facts(self) -> HostFacts:
+        return await asyncio.to_thread(self._host_facts)
+
+    def _host_facts(self) -> HostFacts:
+        try:
+            root = self.containers.client.info().get("DockerRootDir") or "/var/lib/docker"
+        except Exception:  # a fact we cannot read is left out, never fatal
+            root = "/var/lib/docker"
+        return HostFacts(
+            disk_free_bytes=disk_free_bytes(root),
+            driver_version=(self.nvml.driver_version() or "")[:32],
+            cuda_version=(self.nvml.cuda_version() or "")[:16],
+        )
 
     def _resolve(self, selector: tuple[int, ...] | tuple[str, ...]) -> tuple[int, ...]:
         indices: list[int] = []

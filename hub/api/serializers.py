@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -66,7 +67,7 @@ class ApiTokenSerializer(serializers.Serializer):
     scopes = serializers.ListField(
         child=serializers.ChoiceField(choices=ApiScope.choices),
         read_only=True,
-        help_text="What the token may do: `read`, `leases`, `tokens`.",
+        help_text="What the token may do: `read`, `leases`, `tokens`, `payouts`.",
     )
 
 
@@ -79,10 +80,15 @@ class ApiTokenCreateSerializer(serializers.Serializer):
         max_length=len(ApiScope.values),
         default=default_api_scopes,
         help_text=(
-            "`read`, `leases` and/or `tokens`; `read` and `leases` when left out. A token can"
-            " grant only scopes it has itself."
+            "`read`, `leases`, `tokens` and/or `payouts`; `read` and `leases` when left out. A"
+            " token can grant only scopes it has itself."
         ),
     )
+
+    def validate_scopes(self, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise serializers.ValidationError("a scope is listed twice")
+        return value
 
 
 class ApiTokenCreatedSerializer(ApiTokenSerializer):
@@ -107,6 +113,23 @@ class OfferQuerySerializer(serializers.Serializer):
         help_text="Highest price per hour, in units (e.g. 1.50).",
     )
     sort = serializers.ChoiceField(choices=list(SORTS), required=False, default="price")
+    location = serializers.CharField(
+        required=False, allow_blank=True, max_length=64, help_text="Part of the host's location."
+    )
+    min_cpus = serializers.IntegerField(required=False, min_value=0, max_value=65536)
+    min_ram_gib = serializers.IntegerField(required=False, min_value=0, max_value=1 << 20)
+    min_disk_gib = serializers.IntegerField(
+        required=False, min_value=0, max_value=1 << 30, help_text="Free disk the agent reported."
+    )
+    min_cuda = serializers.RegexField(
+        r"^\d{1,3}(\.\d{1,3})?$",
+        required=False,
+        max_length=7,
+        help_text="Newest CUDA the host's driver supports, at least this (e.g. 12.4).",
+    )
+    max_rtt_ms = serializers.IntegerField(
+        required=False, min_value=0, max_value=600_000, help_text="The hub-measured round trip."
+    )
 
 
 class OfferSerializer(serializers.Serializer):
@@ -120,6 +143,22 @@ class OfferSerializer(serializers.Serializer):
     price_per_hour = FormattedMoneyField(source="price_per_hour_micros", cents=True)
     utilization_pct = serializers.IntegerField()
     uptime_7d = serializers.FloatField(help_text="The host's share of the last 7 days online.")
+    host_name = serializers.CharField(help_text="The supplier's name for the host.")
+    host_short_id = serializers.CharField(help_text="Tells hosts with one name apart.")
+    location = serializers.CharField(help_text="Where the host is, as its supplier says.")
+    cpu_model = serializers.CharField()
+    cpu_count = serializers.IntegerField()
+    ram_bytes = serializers.IntegerField()
+    disk_free_bytes = serializers.IntegerField(
+        allow_null=True, help_text="Free disk the agent reported (null: not reported)."
+    )
+    driver_version = serializers.CharField(help_text="NVIDIA driver (empty: not reported).")
+    cuda_version = serializers.CharField(
+        help_text="Newest CUDA the driver supports (empty: not reported)."
+    )
+    rtt_ms = serializers.IntegerField(
+        allow_null=True, help_text="Round trip between hub and agent, as the hub measured it."
+    )
 
 
 class TemplateSerializer(serializers.Serializer):
@@ -428,6 +467,37 @@ class AccountSerializer(serializers.Serializer):
     balance_micros = serializers.IntegerField()
     balance = FormattedMoneyField(source="balance_micros")
     ledger = LedgerRowSerializer(many=True, help_text="The most recent rows, newest first.")
+
+
+# --- payouts ------------------------------------------------------------------------------------
+
+
+class PayoutSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    amount_micros = serializers.IntegerField()
+    amount = FormattedMoneyField(source="amount_micros", cents=True)
+    state = serializers.CharField(help_text="`requested`, `paid` or `cancelled`.")
+    requested_at = serializers.DateTimeField()
+    paid_at = serializers.DateTimeField(allow_null=True)
+    reference = serializers.CharField(help_text="The transfer's reference, once paid.")
+
+
+class PayoutsSerializer(serializers.Serializer):
+    payable_micros = serializers.IntegerField(
+        help_text="Your balance less payouts requested and not paid yet: what you can ask for."
+    )
+    payable = FormattedMoneyField(source="payable_micros", cents=True)
+    minimum_micros = serializers.IntegerField(help_text="The smallest payout you may request.")
+    payouts = PayoutSerializer(many=True, help_text="Your payouts, newest first.")
+
+
+class PayoutRequestSerializer(serializers.Serializer):
+    amount = serializers.DecimalField(
+        max_digits=12,
+        decimal_places=2,
+        min_value=Decimal("0.01"),
+        help_text="In units, e.g. 25.00; at most what is payable.",
+    )
 
 
 # --- SSH keys -----------------------------------------------------------------------------------

@@ -22,14 +22,22 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 import supplier_agent
+from hub.billing import payouts
 from hub.billing import services as billing
-from hub.billing.models import LedgerEntry
+from hub.billing.models import LedgerEntry, Payout
 from hub.billing.money import format_micros
 from hub.installer import enrollment
 from hub.installer.models import EnrollmentCode
+from hub.leases.gpu_status import gpu_statuses
 from hub.suppliers import services as suppliers
-from hub.suppliers.models import AgentToken, Gpu, GpuSample, Host
-from hub.web.forms import GpuTermsForm, HostDefaultPriceForm, TokenForm
+from hub.suppliers.models import AgentToken, Gpu, GpuSample, Host, host_label
+from hub.web.forms import (
+    GpuTermsForm,
+    HostDefaultPriceForm,
+    HostDetailsForm,
+    MoneyAmountForm,
+    TokenForm,
+)
 
 SPARKLINE_WINDOW = timedelta(hours=1)
 SPARKLINE_POINTS = 60
@@ -154,12 +162,14 @@ def _sparklines(gpu_ids: list[int]) -> dict[int, dict[str, list[float]]]:
 def _host_rows(hosts: list[Host]) -> list[dict[str, Any]]:
     gpus = [gpu for host in hosts for gpu in host.gpus.all()]
     lines = _sparklines([gpu.pk for gpu in gpus])
+    statuses = gpu_statuses(hosts)
     return [
         {
             "host": host,
             "gpus": [
                 {
                     "gpu": gpu,
+                    "status": statuses[gpu.pk],
                     "util": lines.get(gpu.pk, {}).get("util", []),
                     "vram": lines.get(gpu.pk, {}).get("vram", []),
                     "form": GpuTermsForm(
@@ -216,7 +226,7 @@ def gpu_terms(request: HttpRequest, gpu_id: int) -> HttpResponse:
     form = GpuTermsForm(request.POST, prefix=f"gpu{gpu.pk}")
     if not form.is_valid():
         errors = "; ".join(str(e) for errs in form.errors.values() for e in errs)
-        messages.error(request, f"GPU {gpu.index} on {gpu.host.hostname} unchanged: {errors}")
+        messages.error(request, f"GPU {gpu.index} on {gpu.host.label} unchanged: {errors}")
         return redirect("web:hosts")
     try:
         suppliers.set_gpu_terms(
@@ -227,7 +237,7 @@ def gpu_terms(request: HttpRequest, gpu_id: int) -> HttpResponse:
     else:
         messages.success(
             request,
-            f"GPU {gpu.index} on {gpu.host.hostname}: "
+            f"GPU {gpu.index} on {gpu.host.label}: "
             f"{format_micros(form.price_micros, cents=True)}/h, "
             + ("for rent." if form.cleaned_data["listed"] else "not for rent."),
         )
@@ -241,7 +251,7 @@ def host_default_price(request: HttpRequest, host_id: int) -> HttpResponse:
     form = HostDefaultPriceForm(request.POST)
     if not form.is_valid():
         errors = "; ".join(str(e) for errs in form.errors.values() for e in errs)
-        messages.error(request, f"{host.hostname} unchanged: {errors}")
+        messages.error(request, f"{host.label} unchanged: {errors}")
         return redirect("web:hosts")
     try:
         suppliers.set_host_default_price(host.pk, form.price_micros)
@@ -250,10 +260,10 @@ def host_default_price(request: HttpRequest, host_id: int) -> HttpResponse:
     else:
         messages.success(
             request,
-            f"GPUs {host.hostname} adds later are listed at "
+            f"GPUs {host.label} adds later are listed at "
             f"{format_micros(form.price_micros, cents=True)}/h."
             if form.price_micros is not None
-            else f"GPUs {host.hostname} adds later stay unlisted until you price them.",
+            else f"GPUs {host.label} adds later stay unlisted until you price them.",
         )
     return redirect("web:hosts")
 
@@ -266,9 +276,33 @@ def host_maintenance(request: HttpRequest, host_id: int) -> HttpResponse:
     suppliers.set_host_maintenance(host.pk, on)
     messages.success(
         request,
-        f"{host.hostname} is in maintenance: no new rentals; running ones go on."
+        f"{host.label} is in maintenance: no new rentals; running ones go on."
         if on
-        else f"{host.hostname} takes rentals again.",
+        else f"{host.label} takes rentals again.",
+    )
+    return redirect("web:hosts")
+
+
+@login_required
+@require_POST
+def host_details(request: HttpRequest, host_id: int) -> HttpResponse:
+    host = get_object_or_404(Host, pk=host_id, owner=request.user)
+    form = HostDetailsForm(request.POST)
+    if not form.is_valid():
+        errors = "; ".join(str(e) for errs in form.errors.values() for e in errs)
+        messages.error(request, f"{host.label} unchanged: {errors}")
+        return redirect("web:hosts")
+    try:
+        host = suppliers.set_host_details(
+            host.pk, name=form.cleaned_data["name"], location=form.cleaned_data["location"]
+        )
+    except suppliers.SupplierError as exc:
+        messages.error(request, f"{host.label} unchanged: {exc}.")
+        return redirect("web:hosts")
+    messages.success(
+        request,
+        f"Host {host.label} saved"
+        + (f", in {host.location}." if host.location else ", no location given."),
     )
     return redirect("web:hosts")
 
@@ -276,9 +310,9 @@ def host_maintenance(request: HttpRequest, host_id: int) -> HttpResponse:
 # --- earnings -----------------------------------------------------------------------------
 
 
-@login_required
-@require_GET
-def earnings(request: HttpRequest) -> HttpResponse:
+def _earnings_context(
+    request: HttpRequest, payout_form: MoneyAmountForm | None = None
+) -> dict[str, Any]:
     rows = LedgerEntry.objects.filter(account=request.user, kind=LedgerEntry.Kind.EARNING)
     per_day = (
         rows.annotate(day=TruncDate("created_at"))
@@ -287,14 +321,71 @@ def earnings(request: HttpRequest) -> HttpResponse:
         .order_by("-day")[:60]
     )
     per_lease = (
-        rows.values("lease_id", "lease__host__hostname", "lease__state", "lease__created_at")
+        rows.values(
+            "lease_id",
+            "lease__host__hostname",
+            "lease__host__name",
+            "lease__host__agent_id",
+            "lease__state",
+            "lease__created_at",
+        )
         .annotate(total=Sum("amount_micros"))
         .order_by("-lease__created_at")[:100]
     )
+    per_lease = [
+        {
+            **row,
+            "host_label": host_label(
+                row["lease__host__name"], row["lease__host__hostname"], row["lease__host__agent_id"]
+            ),
+        }
+        for row in per_lease
+    ]
     context = {
         "total_micros": rows.aggregate(total=Sum("amount_micros"))["total"] or 0,
         "balance_micros": billing.balance_micros(request.user),
         "per_day": per_day,
         "per_lease": per_lease,
+        "payable_micros": payouts.payable_micros(request.user),
+        "held_micros": payouts.held_micros(request.user),
+        "payout_minimum_micros": settings.PAYOUT_MINIMUM_MICROS,
+        "payout_form": payout_form or MoneyAmountForm(prefix="payout"),
+        "payouts": Payout.objects.filter(account=request.user)[:50],
     }
-    return render(request, "web/earnings.html", context)
+    return context
+
+
+@login_required
+@require_GET
+def earnings(request: HttpRequest) -> HttpResponse:
+    return render(request, "web/earnings.html", _earnings_context(request))
+
+
+@login_required
+@require_POST
+def payout_request(request: HttpRequest) -> HttpResponse:
+    form = MoneyAmountForm(request.POST, prefix="payout")
+    if form.is_valid():
+        try:
+            payouts.request_payout(request.user, form.amount_micros)
+        except billing.BillingError as exc:
+            form.add_error(None, f"{str(exc)[:1].upper()}{str(exc)[1:]}.")
+        else:
+            messages.success(
+                request,
+                f"Payout of {format_micros(form.amount_micros, cents=True)} requested; an admin "
+                "sends it and marks it paid here.",
+            )
+            return redirect("web:earnings")
+    return render(request, "web/earnings.html", _earnings_context(request, form), status=400)
+
+
+@login_required
+@require_POST
+def payout_cancel(request: HttpRequest, payout_id: int) -> HttpResponse:
+    payout = get_object_or_404(Payout, pk=payout_id, account=request.user)
+    if payouts.cancel_payout(payout.pk, request.user):
+        messages.success(request, "Payout request cancelled; the money is payable again.")
+    else:
+        messages.info(request, "That payout was already paid or cancelled.")
+    return redirect("web:earnings")
