@@ -1,7 +1,8 @@
 """`docker compose up`, proven (issue 18 item 3): docker-compose.yml with CI's override (images
 built from Debian's packages, no registry) starts Postgres, Redis, two web replicas behind nginx,
-the worker, beat and the gateway; a real agent registers through nginx and a renter's rental
-starts and stops, each command sent through one replica while the agent may sit on the other."""
+the worker, beat and the gateway; a real agent registers through nginx, and a renter's rental
+starts, answers at its URL through the gateway container and stops, each command sent through
+one replica while the agent sits on one of them."""
 
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ class Stack:
     compose: list[str]
     env: dict[str, str]
     url: str
+    edge_port: int
 
     def run(self, *args: str, stdin: str | None = None, timeout: int = 120) -> str:
         result = subprocess.run(
@@ -112,6 +114,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 "DEBUG=0",
                 "DATABASE_POOL_MAX_SIZE=4",
                 f"TUNNEL_GATEWAY_SECRET={(secret := secrets.token_urlsafe(32))}",
+                # Rentals' URLs through the gateway container, as the local trial has them:
+                # http://<id>-i.localhost:<edge port>/, agents' ssh -R to its published port.
+                "TUNNEL_DOMAIN=localhost",
+                "TUNNEL_URL_SCHEME=http",
+                f"TUNNEL_URL_PORT={edge_port}",
+                "TUNNEL_GATEWAY_SSH_HOST=127.0.0.1",
+                f"TUNNEL_GATEWAY_SSH_PORT={ssh_port}",
                 "",
             ]
         )
@@ -135,7 +144,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "--file",
         str(REPO_ROOT / ".ci" / "compose" / "docker-compose.ci.yml"),
     ]
-    stack = Stack(compose, env, url)
+    stack = Stack(compose, env, url, edge_port)
     try:
         stack.run("up", "--detach", "--build", timeout=900)
         yield stack
@@ -179,6 +188,21 @@ def _call_replica(stack: Stack, container: str, token: str, path: str, body: obj
 
 def _lease_state(renter: httpx.Client, lease_id: str, state: str) -> bool:
     return renter.get(f"/api/v1/leases/{lease_id}/").json()["state"] == state
+
+
+def _url_up(renter: httpx.Client, lease_id: str) -> str | None:
+    urls = renter.get(f"/api/v1/leases/{lease_id}/").json()["urls"]
+    return urls[0]["url"] if urls and urls[0]["state"] == "up" else None
+
+
+def _page_through_gateway(edge_port: int, url: str) -> str | None:
+    """The URL's page as a browser gets it (*.localhost is this machine), None while it fails."""
+    host = url.split("://", 1)[1].rstrip("/")
+    try:
+        page = httpx.get(f"http://127.0.0.1:{edge_port}/", headers={"Host": host}, timeout=10)
+    except httpx.HTTPError:
+        return None
+    return page.text if page.status_code == 200 else None
 
 
 def test_compose_runs_the_hub_and_a_rental_works_through_it(stack: Stack, tmp_path: Path) -> None:
@@ -236,6 +260,18 @@ def test_compose_runs_the_hub_and_a_rental_works_through_it(stack: Stack, tmp_pa
                     timeout_s=90,
                     what=f"the lease started through {starts[:12]} running",
                 )
+                # Its port's URL answers through the gateway container (the agent's ssh -R).
+                url = wait_for(
+                    lambda lease_id=lease_id: _url_up(renter, lease_id),
+                    timeout_s=90,
+                    what="the rental's URL up",
+                )
+                page = wait_for(
+                    lambda url=url: _page_through_gateway(stack.edge_port, url),
+                    timeout_s=30,
+                    what="the rental's page through the gateway",
+                )
+                assert lease_id in page
                 stopped = _call_replica(
                     stack, stops, api_token, f"/api/v1/leases/{lease_id}/stop/", {}
                 )
