@@ -1,5 +1,22 @@
 # The hub image: one image for the web (Daphne), worker and beat processes.
-FROM python:3.11-slim-bookworm AS hub
+# BASE_IMAGE and DEBIAN_IMAGE are the official images a user pulls; CI, which reaches no image
+# registry, builds its own from Debian's packages (.ci/compose/base-image, the override file
+# .ci/compose/docker-compose.ci.yml): a bookworm rootfs with Python and the hub's requirements
+# already installed, so the steps below find nothing left to fetch.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+ARG DEBIAN_IMAGE=debian:bookworm-slim
+
+# The proxy in front of the web processes: nginx from the distribution, spreading requests and
+# agents' WebSockets over every `web` replica (deploy/nginx-hub.conf).
+FROM ${DEBIAN_IMAGE} AS proxy
+RUN dpkg -s nginx-light >/dev/null 2>&1 || { \
+      apt-get update && apt-get install -y --no-install-recommends nginx-light && \
+      rm -rf /var/lib/apt/lists/*; }
+COPY deploy/nginx-hub.conf /etc/nginx/nginx.conf
+EXPOSE 8000
+CMD ["nginx", "-g", "daemon off;"]
+
+FROM ${BASE_IMAGE} AS hub
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -29,9 +46,9 @@ CMD ["python", "-m", "hub.serve", "-b", "0.0.0.0", "-p", "8000", "hub.asgi:appli
 # (sshd must), keeps its host key in /var/lib/cloudgpu-gateway and asks the hub over HTTP.
 FROM hub AS gateway
 USER root
-RUN apt-get update && \
-    apt-get install -y --no-install-recommends openssh-server nginx-light && \
-    rm -rf /var/lib/apt/lists/* && \
+RUN { dpkg -s openssh-server nginx-light >/dev/null 2>&1 || { \
+      apt-get update && apt-get install -y --no-install-recommends openssh-server nginx-light && \
+      rm -rf /var/lib/apt/lists/*; }; } && \
     for user in cloudgpu-tunnel cloudgpu-ssh; do \
       useradd --system --no-create-home --shell /usr/sbin/nologin "$user" && \
       usermod -p '*' "$user" || exit 1; \
