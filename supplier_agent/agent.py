@@ -57,7 +57,7 @@ from supplier_agent.protocol import (
     encode,
     parse_message,
 )
-from supplier_agent.runtime import CommandFailed, Runtime
+from supplier_agent.runtime import CommandFailed, HostFacts, Runtime
 from supplier_agent.state import AgentState, Claim
 from supplier_agent.terminals import Terminals
 from supplier_agent.tunnels import (
@@ -126,9 +126,14 @@ def classify_handshake_error(exc: Exception) -> Exception:
 
 
 def register_message(
-    agent_id: str, claims: tuple[ClaimState, ...], runtime_name: str, gpus: list[Any]
+    agent_id: str,
+    claims: tuple[ClaimState, ...],
+    runtime_name: str,
+    gpus: list[Any],
+    facts: HostFacts | None = None,
 ) -> Register:
     host = read_host_info()
+    facts = facts or HostFacts()
     return Register(
         agent_id=agent_id,
         hostname=host.hostname,
@@ -142,6 +147,9 @@ def register_message(
         runtime=runtime_name,
         gpus=tuple(gpus),
         claims=claims,
+        disk_free_bytes=facts.disk_free_bytes,
+        driver_version=facts.driver_version,
+        cuda_version=facts.cuda_version,
     )
 
 
@@ -276,7 +284,11 @@ class Agent:
         async with connection as ws:
             gpus = await self.runtime.gpus()
             register = register_message(
-                self.state.agent_id, claim_states(self.state), self.runtime.name, gpus
+                self.state.agent_id,
+                claim_states(self.state),
+                self.runtime.name,
+                gpus,
+                await self.runtime.host_facts(),
             )
             await ws.send(encode(register))
             welcome = await asyncio.wait_for(self._await_welcome(ws), WELCOME_TIMEOUT_S)

@@ -24,7 +24,14 @@ from supplier_agent.egress import EgressPolicy
 from supplier_agent.gpu import Nvml
 from supplier_agent.logs import LogSink
 from supplier_agent.protocol import DockerRun, ExecOpen, GpuState, VolumeReport
-from supplier_agent.runtime import CommandFailed, ExitReport, ReserveOutcome, RunOutcome
+from supplier_agent.runtime import (
+    CommandFailed,
+    ExitReport,
+    HostFacts,
+    ReserveOutcome,
+    RunOutcome,
+    disk_free_bytes,
+)
 from supplier_agent.state import Claim
 from supplier_agent.volumes import VolumeJanitor
 
@@ -66,6 +73,20 @@ class DockerRuntime:
 
     async def gpus(self) -> list[GpuState]:
         return await asyncio.to_thread(self.nvml.gpus)
+
+    async def host_facts(self) -> HostFacts:
+        return await asyncio.to_thread(self._host_facts)
+
+    def _host_facts(self) -> HostFacts:
+        try:
+            root = self.containers.client.info().get("DockerRootDir") or "/var/lib/docker"
+        except Exception:  # a fact we cannot read is left out, never fatal
+            root = "/var/lib/docker"
+        return HostFacts(
+            disk_free_bytes=disk_free_bytes(root),
+            driver_version=(self.nvml.driver_version() or "")[:32],
+            cuda_version=(self.nvml.cuda_version() or "")[:16],
+        )
 
     def _resolve(self, selector: tuple[int, ...] | tuple[str, ...]) -> tuple[int, ...]:
         indices: list[int] = []

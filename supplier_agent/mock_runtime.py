@@ -15,7 +15,14 @@ from collections.abc import Iterable
 from supplier_agent.logs import LogSink
 from supplier_agent.mock_pages import MockPages
 from supplier_agent.protocol import DockerRun, ExecOpen, GpuState, VolumeRemoval, VolumeReport
-from supplier_agent.runtime import CommandFailed, ExitReport, ReserveOutcome, RunOutcome
+from supplier_agent.runtime import (
+    CommandFailed,
+    ExitReport,
+    HostFacts,
+    ReserveOutcome,
+    RunOutcome,
+    disk_free_bytes,
+)
 from supplier_agent.state import Claim
 from supplier_agent.terminals import ExecProcess
 
@@ -35,6 +42,10 @@ class MockRuntime:
         # Volumes the hub deleted: answered as removed, so the hub's side of a delete finishes.
         self._removed: dict[str, VolumeRemoval] = {}
         self._pages = MockPages()
+
+    async def host_facts(self) -> HostFacts:
+        # No driver to ask; the disk is this machine's, measured like the real runtime's.
+        return HostFacts(disk_free_bytes=disk_free_bytes("/"))
 
     async def gpus(self) -> list[GpuState]:
         return [

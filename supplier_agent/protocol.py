@@ -416,6 +416,21 @@ class Register(Message):
     probe: bool = False
     # A hash of /etc/machine-id: which machine speaks for the agent id (empty: unknown).
     machine_id: str = ""
+    # What renters choose a host by, where the agent can measure it (issue 20): free disk where
+    # containers live, the NVIDIA driver and the newest CUDA it supports. Optional both ways:
+    # an agent from before them sends none, and an unset one stays out of the frame.
+    disk_free_bytes: int | None = None
+    driver_version: str = ""
+    cuda_version: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        body = super().to_dict()
+        # Left out when unknown, so a hub from before these fields is not sent what it would
+        # refuse as unknown (hubs are upgraded before the agents they serve).
+        for name in ("disk_free_bytes", "driver_version", "cuda_version"):
+            if body.get(name) in (None, ""):
+                body.pop(name, None)
+        return body
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Register:
@@ -438,7 +453,21 @@ class Register(Message):
             claims=_claims(data, "register"),
             probe=_expect(data.get("probe", False), bool, "register.probe"),
             machine_id=_machine_id(data.get("machine_id", "")),
+            disk_free_bytes=_optional(data.get("disk_free_bytes"), _non_negative, "register"),
+            driver_version=_str(
+                data.get("driver_version", ""),
+                "register.driver_version",
+                max_len=32,
+                allow_empty=True,
+            ),
+            cuda_version=_str(
+                data.get("cuda_version", ""), "register.cuda_version", max_len=16, allow_empty=True
+            ),
         )
+
+
+def _non_negative(value: Any, where: str) -> int:
+    return _int(value, f"{where}.disk_free_bytes", lo=0)
 
 
 def _machine_id(value: Any) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -33,10 +34,29 @@ class RunOutcome:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class HostFacts:
+    """What ``register`` tells renters beyond the CPU and RAM (empty or None: not measured)."""
+
+    disk_free_bytes: int | None = None
+    driver_version: str = ""
+    cuda_version: str = ""
+
+
+def disk_free_bytes(path: str) -> int | None:
+    """Free bytes on the filesystem holding ``path`` (statvfs: no fork), or None."""
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
 class Runtime(Protocol):
     name: str
 
     async def gpus(self) -> list[GpuState]: ...
+
+    async def host_facts(self) -> HostFacts: ...
 
     async def reserve(
         self, lease_id: str, selector: tuple[int, ...] | tuple[str, ...]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -23,7 +24,7 @@ from hub.leases import services as lease_services
 from hub.leases import terminals
 from hub.lib import local_channels
 from hub.lib.compat_channels import dispatch_without_db_cleanup
-from hub.suppliers.services import authenticate_agent_token
+from hub.suppliers.services import authenticate_agent_token, record_rtt
 from hub.tunnels import services as tunnel_services
 from hub.volumes import services as volume_services
 from supplier_agent.protocol import (
@@ -37,6 +38,7 @@ from supplier_agent.protocol import (
     Heartbeat,
     LogChunk,
     Message,
+    Ping,
     Pong,
     ProtocolError,
     Register,
@@ -276,7 +278,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await _db(tunnel_services.record_state)(self.host_id, message)
         elif isinstance(message, VolumeReport):
             await _db(volume_services.apply_report)(self.host_id, message)
-        elif isinstance(message, (Pong, Error)):
+        elif isinstance(message, Pong):
+            await self._pong(message)
+        elif isinstance(message, Error):
             log.info("agent on host %s says %s", self.host_id, message.TYPE)
 
     async def _register(self, message: Register) -> None:
@@ -302,10 +306,30 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # Deletes the agent has not confirmed (it was away, or the frame was lost): again.
         for frame in await _db(volume_services.pending_deletes)(registered.host_id):
             await self._send(frame)
+        # Not at once: with a heartbeat, once the agent has settled in (its start-up work
+        # would count as network time otherwise).
+        self._ping_due = time.monotonic() + settings.AGENT_RTT_FIRST_PING_S
 
     async def _heartbeat(self, message: Heartbeat) -> None:
         assert self.host_id is not None
         await heartbeats.arrived(self._heartbeats, self.host_id, message, _db)
+        if time.monotonic() >= getattr(self, "_ping_due", float("inf")):
+            await self._ping()
+
+    async def _ping(self) -> None:
+        """The round trip renters see on offers: a ping the agent answers at once (every agent
+        version does), timed here, so no agent's own figure is taken on trust."""
+        self._ping_nonce = secrets.token_hex(8)
+        self._ping_sent_at = time.monotonic()
+        self._ping_due = self._ping_sent_at + settings.AGENT_RTT_PING_INTERVAL_S
+        await self._reply(Ping(nonce=self._ping_nonce))
+
+    async def _pong(self, message: Pong) -> None:
+        if self.host_id is None or message.nonce != getattr(self, "_ping_nonce", None):
+            return  # not ours, or answered already
+        self._ping_nonce = None
+        rtt_ms = round((time.monotonic() - self._ping_sent_at) * 1000)
+        await _db(record_rtt)(self.host_id, rtt_ms)
 
     async def _reply(self, message: Message) -> None:
         await self._send(encode(message))

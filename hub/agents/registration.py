@@ -68,6 +68,10 @@ def register_host(token_id: int, message: Register, channel_name: str) -> Regist
         host.token = token
         for field in ("hostname", "os", "arch", "cpu_model", "cpu_count", "ram_bytes"):
             setattr(host, field, getattr(message, field))
+        # Measured by newer agents only: an older one's register leaves them unknown, not stale.
+        host.disk_free_bytes = message.disk_free_bytes
+        host.driver_version = message.driver_version
+        host.cuda_version = message.cuda_version
         host.agent_version = message.agent_version
         host.runtime = message.runtime
         host.last_seen_at = now

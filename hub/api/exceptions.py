@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
 from hub.accounts.ssh_keys import SshKeyError
-from hub.billing.money import format_micros
+from hub.billing.money import format_rate
 from hub.leases.services import LeaseError, PriceChanged
 from hub.volumes.services import VolumeError
 
@@ -44,7 +44,7 @@ def handle(exc: Exception, context: dict[str, Any]) -> Response | None:
         return Response(
             {
                 "detail": str(exc),
-                "price_per_hour": format_micros(exc.price_per_hour_micros, cents=True),
+                "price_per_hour": format_rate(exc.price_per_hour_micros),
                 "price_per_hour_micros": exc.price_per_hour_micros,
             },
             status=status.HTTP_409_CONFLICT,

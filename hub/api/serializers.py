@@ -107,6 +107,23 @@ class OfferQuerySerializer(serializers.Serializer):
         help_text="Highest price per hour, in units (e.g. 1.50).",
     )
     sort = serializers.ChoiceField(choices=list(SORTS), required=False, default="price")
+    location = serializers.CharField(
+        required=False, allow_blank=True, max_length=64, help_text="Part of the host's location."
+    )
+    min_cpus = serializers.IntegerField(required=False, min_value=0, max_value=65536)
+    min_ram_gib = serializers.IntegerField(required=False, min_value=0, max_value=1 << 20)
+    min_disk_gib = serializers.IntegerField(
+        required=False, min_value=0, max_value=1 << 30, help_text="Free disk the agent reported."
+    )
+    min_cuda = serializers.RegexField(
+        r"^\d{1,3}(\.\d{1,3})?$",
+        required=False,
+        max_length=7,
+        help_text="Newest CUDA the host's driver supports, at least this (e.g. 12.4).",
+    )
+    max_rtt_ms = serializers.IntegerField(
+        required=False, min_value=0, max_value=600_000, help_text="The hub-measured round trip."
+    )
 
 
 class OfferSerializer(serializers.Serializer):
@@ -120,6 +137,22 @@ class OfferSerializer(serializers.Serializer):
     price_per_hour = FormattedMoneyField(source="price_per_hour_micros", cents=True)
     utilization_pct = serializers.IntegerField()
     uptime_7d = serializers.FloatField(help_text="The host's share of the last 7 days online.")
+    host_name = serializers.CharField(help_text="The supplier's name for the host.")
+    host_short_id = serializers.CharField(help_text="Tells hosts with one name apart.")
+    location = serializers.CharField(help_text="Where the host is, as its supplier says.")
+    cpu_model = serializers.CharField()
+    cpu_count = serializers.IntegerField()
+    ram_bytes = serializers.IntegerField()
+    disk_free_bytes = serializers.IntegerField(
+        allow_null=True, help_text="Free disk the agent reported (null: not reported)."
+    )
+    driver_version = serializers.CharField(help_text="NVIDIA driver (empty: not reported).")
+    cuda_version = serializers.CharField(
+        help_text="Newest CUDA the driver supports (empty: not reported)."
+    )
+    rtt_ms = serializers.IntegerField(
+        allow_null=True, help_text="Round trip between hub and agent, as the hub measured it."
+    )
 
 
 class TemplateSerializer(serializers.Serializer):

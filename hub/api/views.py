@@ -172,6 +172,14 @@ class OfferList(APIView):
             min_vram_bytes=query.get("min_vram_gib", 0) * GIB,
             max_price_micros=None if max_price is None else micros_from_units(max_price),
             sort=query["sort"],
+            host=offers.HostFilters(
+                location=query.get("location", "").strip(),
+                min_cpus=query.get("min_cpus", 0),
+                min_ram_bytes=query.get("min_ram_gib", 0) * GIB,
+                min_disk_bytes=query.get("min_disk_gib", 0) * GIB,
+                min_cuda=query.get("min_cuda", ""),
+                max_rtt_ms=query.get("max_rtt_ms"),
+            ),
         )
         return Response(s.OfferSerializer(found, many=True).data)
 

@@ -14,7 +14,7 @@ from hub.accounts.models import User
 from hub.billing import services
 from hub.billing.forms import AdjustBalanceForm
 from hub.billing.models import LedgerEntry
-from hub.billing.money import format_micros
+from hub.billing.money import format_micros, format_rate
 
 
 @admin.register(LedgerEntry)
@@ -57,7 +57,7 @@ class LedgerEntryAdmin(admin.ModelAdmin):
 
     @admin.display(description="amount", ordering="amount_micros")
     def amount(self, entry: LedgerEntry) -> str:
-        return format_micros(entry.amount_micros)
+        return format_rate(entry.amount_micros)
 
 
 @admin.action(description="Adjust balance (top up or correct)", permissions=["adjust_balance"])
@@ -73,7 +73,7 @@ def adjust_balance(
             services.adjust(user, form.amount_micros, form.cleaned_data["reason"], request.user)
         modeladmin.message_user(
             request,
-            f"Adjusted the balance of {len(users)} user(s) by {format_micros(form.amount_micros)}.",
+            f"Adjusted the balance of {len(users)} user(s) by {format_rate(form.amount_micros)}.",
             messages.SUCCESS,
         )
         return None
@@ -83,7 +83,7 @@ def adjust_balance(
         "title": "Adjust balance",
         "opts": modeladmin.model._meta,
         "form": form,
-        "users": [(user, format_micros(user.balance_micros)) for user in users],
+        "users": [(user, format_micros(user.balance_micros, cents=True)) for user in users],
         "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
     }

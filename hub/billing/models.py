@@ -12,7 +12,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from hub.billing.money import format_micros
+from hub.billing.money import format_rate
 from hub.leases.models import Lease
 
 
@@ -88,4 +88,4 @@ class LedgerEntry(models.Model):
 
     def __str__(self) -> str:
         who = self.account_id if self.account_id is not None else "platform"
-        return f"{self.kind} {format_micros(self.amount_micros)} ({who})"
+        return f"{self.kind} {format_rate(self.amount_micros)} ({who})"

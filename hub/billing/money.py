@@ -1,4 +1,6 @@
-"""Money as integer micro-units (1 unit = 1,000,000 micros), and how it is shown to people.
+"""Money as integer micro-units (1 unit = 1,000,000 micros), and how it is shown to people:
+amounts and balances in cents (``format_micros(..., cents=True)``), rates with the digits they
+need (``format_rate``); the six-digit form is for the ledger's exact figures and the API.
 
 Django-free on purpose: pages, admin, CLI and e-mails all format money the same way.
 """
@@ -21,6 +23,16 @@ def format_micros(micros: int, *, cents: bool = False, symbol: str = SYMBOL) -> 
         return f"{sign}{symbol}{whole_cents // 100:,}.{whole_cents % 100:02d}"
     sign = "-" if micros < 0 else ""
     return f"{sign}{symbol}{magnitude // MICROS_PER_UNIT:,}.{magnitude % MICROS_PER_UNIT:06d}"
+
+
+def format_rate(micros: int, *, symbol: str = SYMBOL) -> str:
+    """A price or a per-minute need, as people read it: cents when it is whole cents
+    (``1_500_000`` -> ``"$1.50"``), else only the digits it needs (``25_000`` -> ``"$0.025"``,
+    never ``"$0.025000"``), so a sub-cent rate is neither hidden as $0.00 nor padded."""
+    if int(micros) % MICROS_PER_CENT == 0:
+        return format_micros(micros, cents=True, symbol=symbol)
+    exact = format_micros(micros, symbol=symbol)
+    return exact.rstrip("0")
 
 
 def micros_from_units(amount: Decimal | str | int) -> int:

@@ -24,7 +24,7 @@ from django.utils import timezone
 from hub.accounts.models import User
 from hub.billing import metering
 from hub.billing.models import LedgerEntry
-from hub.billing.money import format_micros
+from hub.billing.money import format_micros, format_rate
 from hub.leases.models import Lease
 from hub.suppliers.models import Host
 
@@ -120,10 +120,13 @@ def require_funds_to_start(renter: User, price_per_hour_micros: int) -> None:
     needed = metering.per_minute(committed_burn_per_hour(renter.pk) + price_per_hour_micros)
     balance = balance_micros(renter)
     if balance < needed:
+        others = needed > metering.per_minute(price_per_hour_micros)
         raise OutOfFunds(
-            f"out of funds: this rental costs {format_micros(price_per_hour_micros, cents=True)}"
-            f" an hour, its first minute needs {format_micros(needed)} and your balance is"
-            f" {format_micros(balance)}; top up your account to rent it"
+            f"out of funds: this rental costs {format_rate(price_per_hour_micros)} an hour,"
+            f" its first minute needs {format_rate(needed)}"
+            + (" with your other rentals" if others else "")
+            + f" and your balance is {format_micros(balance, cents=True)};"
+            " add funds on your Usage page to rent it"
         )
 
 

@@ -9,6 +9,7 @@ from django.db.models import Exists, OuterRef, Subquery
 from django.utils import timezone
 
 from hub.leases.models import LeaseGpu
+from hub.lib.versions import is_older
 from hub.suppliers.models import Gpu, Host, HostTransition
 
 UPTIME_WINDOW = timedelta(days=7)
@@ -31,6 +32,34 @@ class Offer:
     price_per_hour_micros: int
     utilization_pct: int
     uptime_7d: float  # 0..1: the host's share of the last 7 days online
+    # What renters choose a host by: the supplier's name and short id, where it is, and what
+    # its agent reports (empty or None: an older agent that does not measure it).
+    host_name: str = ""
+    host_short_id: str = ""
+    location: str = ""
+    cpu_model: str = ""
+    cpu_count: int = 0
+    ram_bytes: int = 0
+    disk_free_bytes: int | None = None
+    driver_version: str = ""
+    cuda_version: str = ""
+    rtt_ms: int | None = None
+
+    @property
+    def host_label(self) -> str:
+        return f"{self.host_name} · {self.host_short_id}"
+
+
+@dataclass(frozen=True)
+class HostFilters:
+    """Offers' filters on the host: each left at its default filters nothing."""
+
+    location: str = ""
+    min_cpus: int = 0
+    min_ram_bytes: int = 0
+    min_disk_bytes: int = 0
+    min_cuda: str = ""
+    max_rtt_ms: int | None = None
 
 
 def available_gpus(
@@ -39,6 +68,7 @@ def available_gpus(
     min_vram_bytes: int = 0,
     max_price_micros: int | None = None,
     sort: str = "price",
+    host: HostFilters | None = None,
 ) -> list[Gpu]:
     leased = LeaseGpu.objects.filter(gpu=OuterRef("pk"), active=True)
     gpus = (
@@ -59,7 +89,26 @@ def available_gpus(
         gpus = gpus.filter(memory_total_bytes__gte=min_vram_bytes)
     if max_price_micros is not None:
         gpus = gpus.filter(price_per_hour_micros__lte=max_price_micros)
-    return list(gpus.order_by(*SORTS.get(sort, SORTS["price"])))
+    wanted = host or HostFilters()
+    if wanted.location:
+        gpus = gpus.filter(host__location__icontains=wanted.location)
+    if wanted.min_cpus:
+        gpus = gpus.filter(host__cpu_count__gte=wanted.min_cpus)
+    if wanted.min_ram_bytes:
+        gpus = gpus.filter(host__ram_bytes__gte=wanted.min_ram_bytes)
+    if wanted.min_disk_bytes:
+        gpus = gpus.filter(host__disk_free_bytes__gte=wanted.min_disk_bytes)
+    if wanted.max_rtt_ms is not None:
+        gpus = gpus.filter(host__rtt_ms__lte=wanted.max_rtt_ms)
+    found = list(gpus.order_by(*SORTS.get(sort, SORTS["price"])))
+    if wanted.min_cuda:
+        # Versions compare as numbers ("12.10" is newer than "12.9"): in Python, not SQL.
+        found = [
+            g
+            for g in found
+            if g.host.cuda_version and not is_older(g.host.cuda_version, wanted.min_cuda)
+        ]
+    return found
 
 
 def uptime(host_ids: list[int], now: datetime | None = None) -> dict[int, float]:
@@ -112,9 +161,14 @@ def list_offers(
     max_price_micros: int | None = None,
     sort: str = "price",
     now: datetime | None = None,
+    host: HostFilters | None = None,
 ) -> list[Offer]:
     gpus = available_gpus(
-        model=model, min_vram_bytes=min_vram_bytes, max_price_micros=max_price_micros, sort=sort
+        model=model,
+        min_vram_bytes=min_vram_bytes,
+        max_price_micros=max_price_micros,
+        sort=sort,
+        host=host,
     )
     uptimes = uptime(sorted({g.host_id for g in gpus}), now)
     return [
@@ -128,6 +182,16 @@ def list_offers(
             price_per_hour_micros=g.price_per_hour_micros,
             utilization_pct=g.utilization_pct,
             uptime_7d=round(uptimes.get(g.host_id, 0.0), 4),
+            host_name=g.host.display_name,
+            host_short_id=g.host.short_id,
+            location=g.host.location,
+            cpu_model=g.host.cpu_model,
+            cpu_count=g.host.cpu_count,
+            ram_bytes=g.host.ram_bytes,
+            disk_free_bytes=g.host.disk_free_bytes,
+            driver_version=g.host.driver_version,
+            cuda_version=g.host.cuda_version,
+            rtt_ms=g.host.rtt_ms,
         )
         for g in gpus
     ]

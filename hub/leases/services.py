@@ -21,7 +21,7 @@ from django.utils import timezone
 from hub.accounts.models import User
 from hub.billing import metering
 from hub.billing import services as billing
-from hub.billing.money import format_micros
+from hub.billing.money import format_rate
 from hub.celery import app as celery_app
 from hub.leases import cache_volumes, commands
 from hub.leases.models import Command, Lease, LeaseGpu
@@ -48,8 +48,8 @@ class PriceChanged(LeaseError):
         self.max_price_per_hour_micros = max_price_per_hour_micros
         super().__init__(
             "the price changed: these GPUs now cost "
-            f"{format_micros(price_per_hour_micros, cents=True)} an hour, more than the "
-            f"{format_micros(max_price_per_hour_micros, cents=True)} you agreed to; "
+            f"{format_rate(price_per_hour_micros)} an hour, more than the "
+            f"{format_rate(max_price_per_hour_micros)} you agreed to; "
             "rent again to accept the new price"
         )
 

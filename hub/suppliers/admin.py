@@ -13,6 +13,7 @@ from django.contrib import admin, messages
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 
+from hub.lib.timewords import ago
 from hub.suppliers import transitions
 from hub.suppliers.models import AgentToken, Gpu, Host, HostTransition
 from hub.suppliers.services import revoke_agent_token
@@ -96,19 +97,18 @@ class HostTransitionInline(admin.TabularInline):
 
 @admin.register(Host)
 class HostAdmin(admin.ModelAdmin):
+    # Few, short columns: the list fits a laptop's width (details are on each host's page).
     list_display = (
-        "hostname",
+        "host_label",
         "owner",
         "status",
         "maintenance",
         "gpus_count",
-        "runtime",
-        "agent_version",
-        "agent_up_to_date",
-        "last_seen_at",
-        "created_at",
+        "agent",
+        "location",
+        "last_seen",
     )
-    list_filter = ("status", "maintenance", "runtime", "arch")
+    list_filter = ("status", "maintenance", "runtime", "arch", "location")
     actions = ("drain", "undrain")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Host]:
@@ -132,12 +132,24 @@ class HostAdmin(admin.ModelAdmin):
         undrained = transitions.set_maintenance(ids, False, f"undrained by admin {request.user}")
         self.message_user(request, f"Undrained {undrained} host(s).", messages.SUCCESS)
 
-    @admin.display(boolean=True, description="agent up to date")
-    def agent_up_to_date(self, host: Host) -> bool:
-        return not host.agent_outdated
+    @admin.display(description="host", ordering="hostname")
+    def host_label(self, host: Host) -> str:
+        return host.label
+
+    @admin.display(description="agent", ordering="agent_version")
+    def agent(self, host: Host) -> str:
+        version = host.agent_version or "unknown"
+        extra = [host.runtime] if host.runtime != "docker" else []
+        if host.agent_outdated:
+            extra.append("outdated")
+        return f"{version} ({', '.join(extra)})" if extra else version
+
+    @admin.display(description="last seen", ordering="last_seen_at")
+    def last_seen(self, host: Host) -> str:
+        return ago(host.last_seen_at) if host.last_seen_at else "never"
 
     list_select_related = ("owner",)
-    search_fields = ("hostname", "agent_id", "owner__username", "owner__email")
+    search_fields = ("hostname", "name", "location", "agent_id", "owner__username", "owner__email")
     readonly_fields = (
         "owner",
         "token",
@@ -148,6 +160,10 @@ class HostAdmin(admin.ModelAdmin):
         "cpu_model",
         "cpu_count",
         "ram_bytes",
+        "disk_free_bytes",
+        "driver_version",
+        "cuda_version",
+        "rtt_ms",
         "agent_version",
         "runtime",
         "status",

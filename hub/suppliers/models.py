@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from django.conf import settings
 from django.db import models
 
@@ -35,6 +37,18 @@ class AgentToken(models.Model):
         return self.revoked_at is None
 
 
+def short_host_id(agent_id: uuid.UUID | str | None) -> str:
+    """The agent id's first characters: enough to tell a supplier's hosts apart at a glance."""
+    if not agent_id:
+        return ""
+    return (agent_id.hex if isinstance(agent_id, uuid.UUID) else str(agent_id).replace("-", ""))[:6]
+
+
+def host_label(name: str, hostname: str, agent_id: uuid.UUID | str | None) -> str:
+    """For rows read with ``values()``: what ``Host.label`` says."""
+    return f"{name or hostname} · {short_host_id(agent_id)}"
+
+
 class Host(models.Model):
     class Status(models.TextChoices):
         ONLINE = "online"
@@ -48,11 +62,22 @@ class Host(models.Model):
     )
     agent_id = models.UUIDField(unique=True)
     hostname = models.CharField(max_length=255)
+    # The supplier's name for the host (empty: its hostname); shown with the short id, since
+    # two machines named "vm" must still be told apart.
+    name = models.CharField(max_length=64, blank=True)
+    # Where the host is, as its supplier says ("DE", "US-East"): renters filter by it.
+    location = models.CharField(max_length=64, blank=True)
     os = models.CharField(max_length=255, blank=True)
     arch = models.CharField(max_length=32, blank=True)
     cpu_model = models.CharField(max_length=255, blank=True)
     cpu_count = models.PositiveIntegerField(default=1)
     ram_bytes = models.BigIntegerField(default=0)
+    # Reported by agents that measure them (register and heartbeat; older agents: unknown).
+    disk_free_bytes = models.BigIntegerField(null=True, blank=True)
+    driver_version = models.CharField(max_length=32, blank=True)
+    cuda_version = models.CharField(max_length=16, blank=True)
+    # The hub's own measure of the agent's socket: the last ping-to-pong round trip.
+    rtt_ms = models.PositiveIntegerField(null=True, blank=True)
     agent_version = models.CharField(max_length=64, blank=True)
     runtime = models.CharField(max_length=16, default="docker")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OFFLINE)
@@ -79,7 +104,20 @@ class Host(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
-        return f"{self.hostname} ({self.agent_id})"
+        return self.label
+
+    @property
+    def display_name(self) -> str:
+        return self.name or self.hostname
+
+    @property
+    def short_id(self) -> str:
+        return short_host_id(self.agent_id)
+
+    @property
+    def label(self) -> str:
+        """How every page names the host: its name and short id ("vm · 3fa9c1")."""
+        return host_label(self.name, self.hostname, self.agent_id)
 
     @property
     def agent_outdated(self) -> bool:
@@ -113,7 +151,7 @@ class Gpu(models.Model):
         ordering = ["host_id", "index"]
 
     def __str__(self) -> str:
-        return f"GPU {self.index} {self.name} on {self.host.hostname}"
+        return f"GPU {self.index} {self.name} on {self.host.label}"
 
 
 class HostTransition(models.Model):

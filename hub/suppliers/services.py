@@ -148,3 +148,26 @@ def set_host_maintenance(host_id: int, maintenance: bool, reason: str = "by its 
     """In maintenance a host takes no new rentals; running ones go on."""
     transitions.set_maintenance([host_id], maintenance, reason)
     return Host.objects.get(pk=host_id)
+
+
+def _clean_label(value: str, what: str) -> str:
+    text = " ".join(value.split())
+    if len(text) > 64:
+        raise SupplierError(f"{what} is at most 64 characters")
+    if any(not ch.isprintable() for ch in text):
+        raise SupplierError(f"{what} has a character that cannot be shown")
+    return text
+
+
+def set_host_details(host_id: int, *, name: str, location: str) -> Host:
+    """The supplier's name for a host (empty: its hostname) and where it is (empty: unsaid)."""
+    clean_name = _clean_label(name, "a host's name")
+    clean_location = _clean_label(location, "a location")
+    Host.objects.filter(pk=host_id).update(name=clean_name, location=clean_location)
+    return Host.objects.get(pk=host_id)
+
+
+def record_rtt(host_id: int, rtt_ms: int) -> None:
+    """The hub's last ping-to-pong time to this host's agent (one small update per ping)."""
+    rtt_ms = max(0, min(int(rtt_ms), 2**31 - 1))
+    Host.objects.filter(pk=host_id).exclude(rtt_ms=rtt_ms).update(rtt_ms=rtt_ms)

@@ -26,7 +26,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.contrib.auth import SESSION_KEY
 from django.contrib.sessions.models import Session
-from django.db.models import Max
+from django.db.models import Count, Max, Q
 from django.utils import timezone
 
 from hub.leases import logs as lease_logs
@@ -57,8 +57,23 @@ def snapshot(user_id: int) -> dict[str, Any]:
         tunnel_states.setdefault(str(lease_id), []).append(state)
     hosts = (
         Host.objects.filter(owner_id=user_id)
-        .annotate(stats_at=Max("gpus__stats_updated_at"))
-        .values_list("pk", "status", "maintenance", "agent_version", "last_seen_at", "stats_at")
+        .annotate(
+            stats_at=Max("gpus__stats_updated_at"),
+            # A GPU rented or handed back changes what the hosts page says of it.
+            rented=Count(
+                "gpus__lease_gpus", filter=Q(gpus__lease_gpus__active=True), distinct=True
+            ),
+        )
+        .values_list(
+            "pk",
+            "status",
+            "maintenance",
+            "agent_version",
+            "last_seen_at",
+            "stats_at",
+            "rented",
+            "release_stuck_since",
+        )
     )
     return {
         "type": "snapshot",
@@ -72,9 +87,9 @@ def snapshot(user_id: int) -> dict[str, Any]:
         "hosts": {
             str(pk): {
                 "status": status,
-                "sig": f"{status}|{maintenance}|{version}|{seen}|{stats_at}",
+                "sig": f"{status}|{maintenance}|{version}|{seen}|{stats_at}|{rented}|{stuck}",
             }
-            for pk, status, maintenance, version, seen, stats_at in hosts
+            for pk, status, maintenance, version, seen, stats_at, rented, stuck in hosts
         },
     }
 

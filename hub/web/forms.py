@@ -19,6 +19,7 @@ from django.db.models import QuerySet
 from hub.accounts.models import DEFAULT_API_SCOPES, ApiScope
 from hub.billing.money import micros_from_units
 from hub.catalog.models import Template
+from hub.catalog.offers import HostFilters
 from hub.catalog.services import lease_spec
 from hub.leases.services import LeaseError, LeaseSpec
 from hub.lib.gpu_select import GpuSelection, InvalidGpuSelection, parse_gpu_selection
@@ -268,6 +269,17 @@ class OfferFilterForm(forms.Form):
         required=False, min_value=0, decimal_places=6, label="Max price ($/h)"
     )
     sort = forms.ChoiceField(choices=SORTS, required=False)
+    location = forms.CharField(required=False, max_length=64, label="Location")
+    min_cpus = forms.IntegerField(required=False, min_value=0, max_value=65536, label="Min CPUs")
+    min_ram_gib = forms.IntegerField(
+        required=False, min_value=0, max_value=1 << 20, label="Min RAM (GiB)"
+    )
+    min_disk_gib = forms.IntegerField(
+        required=False, min_value=0, max_value=1 << 30, label="Min free disk (GiB)"
+    )
+    min_cuda = forms.RegexField(
+        required=False, regex=r"^\d{1,3}(\.\d{1,3})?$", max_length=7, label="Min CUDA"
+    )
 
     def filters(self) -> dict[str, Any]:
         data = self.cleaned_data if self.is_valid() else {}
@@ -277,6 +289,13 @@ class OfferFilterForm(forms.Form):
             "min_vram_bytes": (data.get("min_vram_gib") or 0) * GIB,
             "max_price_micros": micros_from_units(max_price) if max_price is not None else None,
             "sort": data.get("sort") or "price",
+            "host": HostFilters(
+                location=(data.get("location") or "").strip(),
+                min_cpus=data.get("min_cpus") or 0,
+                min_ram_bytes=(data.get("min_ram_gib") or 0) * GIB,
+                min_disk_bytes=(data.get("min_disk_gib") or 0) * GIB,
+                min_cuda=data.get("min_cuda") or "",
+            ),
         }
 
 
@@ -308,6 +327,25 @@ class HostDefaultPriceForm(forms.Form):
     def price_micros(self) -> int | None:
         price = self.cleaned_data["default_price"]
         return None if price is None else micros_from_units(price)
+
+
+class HostDetailsForm(forms.Form):
+    name = forms.CharField(
+        required=False,
+        max_length=64,
+        help_text="Empty: its hostname. The short id after it tells hosts with one name apart.",
+    )
+    location = forms.CharField(
+        required=False,
+        max_length=64,
+        help_text="Country or region renters filter by, e.g. DE or US-East.",
+    )
+
+    def clean_name(self) -> str:
+        return " ".join(self.cleaned_data["name"].split())
+
+    def clean_location(self) -> str:
+        return " ".join(self.cleaned_data["location"].split())
 
 
 class TokenForm(forms.Form):

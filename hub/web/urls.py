@@ -39,6 +39,7 @@ urlpatterns = [
     path("supplier/hosts/", supplier.hosts, name="hosts"),
     path("supplier/hosts/panel/", supplier.hosts_panel, name="hosts-panel"),
     path("supplier/hosts/<int:host_id>/status/", supplier.host_status, name="host-status"),
+    path("supplier/hosts/<int:host_id>/details/", supplier.host_details, name="host-details"),
     path(
         "supplier/hosts/<int:host_id>/maintenance/",
         supplier.host_maintenance,

@@ -164,6 +164,8 @@ def test_a_renter_signs_up_rents_watches_it_run_stops_it_and_sees_the_cost(
                 timeout_s=30,
                 what="the first charge",
             )
+            # Stop asks first (issue 20 item 5).
+            page.once("dialog", lambda dialog: dialog.accept())
             page.click("#stop-button")
             expect(page.locator(".messages")).to_contain_text("Stopping your rental")
             _mark_page(page)

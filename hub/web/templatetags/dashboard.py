@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
+
+from hub.lib.timewords import ago
 
 register = template.Library()
 
@@ -28,6 +30,11 @@ _BADGE_TONES = {
     "down": "bad",
     "revoked": "muted",
     "maintenance": "warn",
+    # A GPU's states (hub/leases/gpu_status.py).
+    "rented": "wait",
+    "listed": "ok",
+    "unlisted": "muted",
+    "delisted": "bad",
 }
 
 
@@ -61,6 +68,21 @@ def hours(delta: timedelta | None) -> str:
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
     return f"{h} h {m:02d} min" if h else (f"{m} min {s:02d} s" if m else f"{s} s")
+
+
+@register.simple_tag
+def since(moment: datetime | None, never: str = "never") -> SafeString:
+    """A "3 min ago" that keeps counting in the browser (live.js updates every ``time[data-since]``
+    every few seconds, in hub/lib/timewords.py's words), with the UTC time as its tooltip."""
+    if moment is None:
+        return format_html("{}", never)
+    return format_html(
+        '<time datetime="{}" data-since="{}" title="{} UTC">{}</time>',
+        moment.isoformat(),
+        moment.isoformat(),
+        moment.strftime("%Y-%m-%d %H:%M:%S"),
+        ago(moment),
+    )
 
 
 @register.simple_tag

@@ -13,6 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from redis.exceptions import RedisError
 
 from hub.billing import services as billing
 from hub.billing.models import LedgerEntry
@@ -20,6 +21,7 @@ from hub.catalog.models import Template
 from hub.catalog.offers import list_offers, uptime
 from hub.catalog.services import with_account_keys
 from hub.leases import gpu_choice
+from hub.leases import logs as lease_logs
 from hub.leases import services as leases
 from hub.leases.models import Lease
 from hub.lib.gpu_select import GpuSelection
@@ -99,8 +101,25 @@ def rent(request: HttpRequest, gpu_id: int) -> HttpResponse:
         "host_online": gpu.host.status == Host.Status.ONLINE and not gpu.host.maintenance,
         "uptime_7d": uptime([gpu.host_id]).get(gpu.host_id, 0.0),
         "templates": Template.objects.filter(listed=True),
+        "template_fills": _template_fills(),
     }
     return render(request, "web/rent.html", context, status=status)
+
+
+def _template_fills() -> dict[str, dict[str, str]]:
+    """What choosing each template writes into the rent form (web/static/web/forms.js), in
+    the form's own notation, so the renter sees and can edit what will run; submitted
+    unchanged, it is the template's own spec (RentForm reads it back to the same values)."""
+    return {
+        str(t.pk): {
+            "image": t.image,
+            "ports": ", ".join(str(p) for p in t.ports or []),
+            "env": "\n".join(f"{name}={value}" for name, value in (t.env or {}).items()),
+            "command": shlex.join(t.command) if t.command else "",
+            "warmup": shlex.join(t.warmup) if t.warmup else "",
+        }
+        for t in Template.objects.filter(listed=True)
+    }
 
 
 def _sentence(text: str) -> str:
@@ -123,8 +142,17 @@ def _lease_context(lease: Lease) -> dict[str, Any]:
         }
         for t in lease.tunnels.all()
     ]
+    kept_output = ""
+    if not lease.active and not lease.log_tail:
+        # A rental stopped (not exited) has no exit tail; the live output the hub kept for
+        # late viewers is what it printed, for LOG_BACKLOG_AFTER_END_S after the end.
+        try:
+            kept_output = lease_logs.backlog_text(str(lease.pk))
+        except RedisError:
+            kept_output = ""
     return {
         "lease": lease,
+        "kept_output": kept_output,
         "urls": urls,
         "gpus": list(lease.gpus.order_by("index")),
         "show_urls": lease.state in (Lease.State.STARTING, Lease.State.RUNNING),

@@ -27,9 +27,10 @@ from hub.billing.models import LedgerEntry
 from hub.billing.money import format_micros
 from hub.installer import enrollment
 from hub.installer.models import EnrollmentCode
+from hub.leases.gpu_status import gpu_statuses
 from hub.suppliers import services as suppliers
-from hub.suppliers.models import AgentToken, Gpu, GpuSample, Host
-from hub.web.forms import GpuTermsForm, HostDefaultPriceForm, TokenForm
+from hub.suppliers.models import AgentToken, Gpu, GpuSample, Host, host_label
+from hub.web.forms import GpuTermsForm, HostDefaultPriceForm, HostDetailsForm, TokenForm
 
 SPARKLINE_WINDOW = timedelta(hours=1)
 SPARKLINE_POINTS = 60
@@ -154,12 +155,14 @@ def _sparklines(gpu_ids: list[int]) -> dict[int, dict[str, list[float]]]:
 def _host_rows(hosts: list[Host]) -> list[dict[str, Any]]:
     gpus = [gpu for host in hosts for gpu in host.gpus.all()]
     lines = _sparklines([gpu.pk for gpu in gpus])
+    statuses = gpu_statuses(hosts)
     return [
         {
             "host": host,
             "gpus": [
                 {
                     "gpu": gpu,
+                    "status": statuses[gpu.pk],
                     "util": lines.get(gpu.pk, {}).get("util", []),
                     "vram": lines.get(gpu.pk, {}).get("vram", []),
                     "form": GpuTermsForm(
@@ -216,7 +219,7 @@ def gpu_terms(request: HttpRequest, gpu_id: int) -> HttpResponse:
     form = GpuTermsForm(request.POST, prefix=f"gpu{gpu.pk}")
     if not form.is_valid():
         errors = "; ".join(str(e) for errs in form.errors.values() for e in errs)
-        messages.error(request, f"GPU {gpu.index} on {gpu.host.hostname} unchanged: {errors}")
+        messages.error(request, f"GPU {gpu.index} on {gpu.host.label} unchanged: {errors}")
         return redirect("web:hosts")
     try:
         suppliers.set_gpu_terms(
@@ -227,7 +230,7 @@ def gpu_terms(request: HttpRequest, gpu_id: int) -> HttpResponse:
     else:
         messages.success(
             request,
-            f"GPU {gpu.index} on {gpu.host.hostname}: "
+            f"GPU {gpu.index} on {gpu.host.label}: "
             f"{format_micros(form.price_micros, cents=True)}/h, "
             + ("for rent." if form.cleaned_data["listed"] else "not for rent."),
         )
@@ -241,7 +244,7 @@ def host_default_price(request: HttpRequest, host_id: int) -> HttpResponse:
     form = HostDefaultPriceForm(request.POST)
     if not form.is_valid():
         errors = "; ".join(str(e) for errs in form.errors.values() for e in errs)
-        messages.error(request, f"{host.hostname} unchanged: {errors}")
+        messages.error(request, f"{host.label} unchanged: {errors}")
         return redirect("web:hosts")
     try:
         suppliers.set_host_default_price(host.pk, form.price_micros)
@@ -250,10 +253,10 @@ def host_default_price(request: HttpRequest, host_id: int) -> HttpResponse:
     else:
         messages.success(
             request,
-            f"GPUs {host.hostname} adds later are listed at "
+            f"GPUs {host.label} adds later are listed at "
             f"{format_micros(form.price_micros, cents=True)}/h."
             if form.price_micros is not None
-            else f"GPUs {host.hostname} adds later stay unlisted until you price them.",
+            else f"GPUs {host.label} adds later stay unlisted until you price them.",
         )
     return redirect("web:hosts")
 
@@ -266,9 +269,33 @@ def host_maintenance(request: HttpRequest, host_id: int) -> HttpResponse:
     suppliers.set_host_maintenance(host.pk, on)
     messages.success(
         request,
-        f"{host.hostname} is in maintenance: no new rentals; running ones go on."
+        f"{host.label} is in maintenance: no new rentals; running ones go on."
         if on
-        else f"{host.hostname} takes rentals again.",
+        else f"{host.label} takes rentals again.",
+    )
+    return redirect("web:hosts")
+
+
+@login_required
+@require_POST
+def host_details(request: HttpRequest, host_id: int) -> HttpResponse:
+    host = get_object_or_404(Host, pk=host_id, owner=request.user)
+    form = HostDetailsForm(request.POST)
+    if not form.is_valid():
+        errors = "; ".join(str(e) for errs in form.errors.values() for e in errs)
+        messages.error(request, f"{host.label} unchanged: {errors}")
+        return redirect("web:hosts")
+    try:
+        host = suppliers.set_host_details(
+            host.pk, name=form.cleaned_data["name"], location=form.cleaned_data["location"]
+        )
+    except suppliers.SupplierError as exc:
+        messages.error(request, f"{host.label} unchanged: {exc}.")
+        return redirect("web:hosts")
+    messages.success(
+        request,
+        f"Host {host.label} saved"
+        + (f", in {host.location}." if host.location else ", no location given."),
     )
     return redirect("web:hosts")
 
@@ -287,10 +314,26 @@ def earnings(request: HttpRequest) -> HttpResponse:
         .order_by("-day")[:60]
     )
     per_lease = (
-        rows.values("lease_id", "lease__host__hostname", "lease__state", "lease__created_at")
+        rows.values(
+            "lease_id",
+            "lease__host__hostname",
+            "lease__host__name",
+            "lease__host__agent_id",
+            "lease__state",
+            "lease__created_at",
+        )
         .annotate(total=Sum("amount_micros"))
         .order_by("-lease__created_at")[:100]
     )
+    per_lease = [
+        {
+            **row,
+            "host_label": host_label(
+                row["lease__host__name"], row["lease__host__hostname"], row["lease__host__agent_id"]
+            ),
+        }
+        for row in per_lease
+    ]
     context = {
         "total_micros": rows.aggregate(total=Sum("amount_micros"))["total"] or 0,
         "balance_micros": billing.balance_micros(request.user),

@@ -598,3 +598,31 @@ async def test_a_host_marked_offline_comes_back_on_its_next_heartbeat_not_the_ne
         assert reasons[-1] == ("online", "heartbeat")
         await communicator.disconnect()
     liveness.forget(host_id)
+
+
+async def test_the_hub_times_a_ping_to_the_agent_and_keeps_the_round_trip(settings: Any) -> None:
+    """Issue 20 item 3: the round trip on offers is the hub's own measure (ping, pong), taken
+    with a heartbeat once the agent has settled in; a pong that is not ours changes nothing."""
+    settings.AGENT_RTT_FIRST_PING_S = 0
+    _, plaintext = await _supplier_token()
+    with f.private_pending_hash():
+        communicator, welcome = await _registered(plaintext)
+        host_id = int(welcome["host_id"])
+        await communicator.send_to(text_data=json.dumps({"type": "pong", "v": 1, "nonce": "x"}))
+        await communicator.send_to(text_data=_heartbeat())
+        pings = [r for r in await _round_trip(communicator) if r["type"] == "ping"]
+        assert len(pings) == 1
+        host = await database_sync_to_async(Host.objects.get)(pk=host_id)
+        assert host.rtt_ms is None  # the stray pong before it was not taken as an answer
+        await communicator.send_to(
+            text_data=json.dumps({"type": "pong", "v": 1, "nonce": pings[0]["nonce"]})
+        )
+        await _round_trip(communicator)
+        await database_sync_to_async(host.refresh_from_db)()
+        assert host.rtt_ms is not None
+        assert host.rtt_ms >= 0
+        # The next ping waits AGENT_RTT_PING_INTERVAL_S: a heartbeat now sends none.
+        await communicator.send_to(text_data=_heartbeat())
+        assert [r for r in await _round_trip(communicator) if r["type"] == "ping"] == []
+        await communicator.disconnect()
+    liveness.forget(host_id)

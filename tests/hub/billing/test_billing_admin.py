@@ -84,7 +84,10 @@ def test_the_ledger_admin_is_read_only_and_searchable(admin_client: Client, pers
     changelist = reverse("admin:billing_ledgerentry_changelist")
 
     assert admin_client.get(changelist).status_code == 200
-    assert admin_client.get(changelist, {"q": person.username}).text.count("$1.000000") == 1
+    # Exact, without padding (issue 20 item 7): $1.00, never $1.000000.
+    found = admin_client.get(changelist, {"q": person.username}).text
+    assert found.count("$1.00<") == 1
+    assert "$1.000000" not in found
     assert admin_client.get(changelist, {"kind__exact": "fee"}).status_code == 200
     change = admin_client.get(reverse("admin:billing_ledgerentry_change", args=[entry.pk]))
     assert change.status_code == 200

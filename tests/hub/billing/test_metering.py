@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -303,6 +304,20 @@ def test_start_lease_refuses_a_priced_lease_the_renter_cannot_pay(host: Host, re
     with pytest.raises(leases.LeaseError, match=r"^out of funds: "):
         f.start_lease(host, renter=renter)
     assert not Lease.objects.exists()
+
+
+def test_the_out_of_funds_message_shows_money_as_people_read_it(
+    host: Host, renter: User, admin_user: User
+) -> None:
+    _price(host, 1_500_000)  # $1.50 an hour: its first minute is $0.025
+    _fund(renter, 10_000, admin_user)  # $0.01
+    with pytest.raises(leases.LeaseError) as refused:
+        f.start_lease(host, renter=renter)
+    message = str(refused.value)
+    assert "costs $1.50 an hour" in message
+    assert "its first minute needs $0.025 and your balance is $0.01;" in message
+    assert "Usage page" in message
+    assert not re.search(r"\$\d+\.\d{6}", message), message  # never "$0.025000"
 
 
 def test_start_lease_needs_the_first_minute_of_every_running_rental(

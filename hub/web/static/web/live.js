@@ -3,6 +3,35 @@
 // Fragments opt in with data-live-lease="<id>", data-live-host="<id>" or data-live-hosts and
 // an hx-get plus hx-trigger="cloudgpu:refresh"; state badges with data-lease-badge="<id>".
 // A panel with data-live-logs="<lease id>" follows that lease's live output into its <pre>.
+// Every <time data-since="ISO"> counts on by itself ("3 min ago"), also between refreshes;
+// the words match the server's (hub/lib/timewords.py).
+(function () {
+  "use strict";
+  function ago(seconds) {
+    if (seconds < 5) return "just now";
+    if (seconds < 60) return seconds + " s ago";
+    if (seconds < 3600) return Math.floor(seconds / 60) + " min ago";
+    if (seconds < 86400) {
+      return Math.floor(seconds / 3600) + " h " + Math.floor((seconds % 3600) / 60) + " min ago";
+    }
+    var days = Math.floor(seconds / 86400);
+    return days + (days === 1 ? " day ago" : " days ago");
+  }
+  // The page's own clock may be off: count from the server's time when the page was made.
+  var served = Date.parse(document.body.getAttribute("data-server-now") || "");
+  var skew = isNaN(served) ? 0 : served - Date.now();
+  function tick() {
+    var now = Date.now() + skew;
+    document.querySelectorAll("time[data-since]").forEach(function (el) {
+      var at = Date.parse(el.getAttribute("data-since"));
+      if (!isNaN(at)) el.textContent = ago(Math.max(0, Math.floor((now - at) / 1000)));
+    });
+  }
+  tick();
+  setInterval(tick, 5000);
+  document.body.addEventListener("htmx:afterSwap", tick);
+})();
+
 (function () {
   "use strict";
   var path = document.body.getAttribute("data-live");
@@ -53,6 +82,11 @@
         refresh('[data-live-lease="' + id + '"]');
       }
       var was = old.leases[id] ? old.leases[id].state : null;
+      // Once over, the refreshed panel shows the output kept (or says why there is none):
+      // the live panel would only repeat it, or contradict it.
+      if (id === logsLease && (lease.state === "ended" || lease.state === "failed") && logsPanel) {
+        logsPanel.hidden = true;
+      }
       if (id === logsLease && lease.state === "running" && was !== "running") subscribeLogs();
     });
     var oldIds = Object.keys(old.hosts).sort().join(",");
