@@ -425,6 +425,8 @@ BILLING_INTERVAL_S = env_int("BILLING_INTERVAL_S", 60)
 PLATFORM_FEE_BPS = env_int("PLATFORM_FEE_BPS", 1000)
 # Renters whose balance covers less than this many minutes of their rentals are warned.
 BILLING_WARN_MINUTES = env_int("BILLING_WARN_MINUTES", 10)
+# The smallest payout a supplier may request (micros): $10 by default, as transfers cost.
+PAYOUT_MINIMUM_MICROS = env_int("PAYOUT_MINIMUM_MICROS", 10_000_000)
 if not 0 <= PLATFORM_FEE_BPS <= 10_000:
     raise ImproperlyConfigured(
         f"PLATFORM_FEE_BPS must be between 0 and 10000 (100%), not {PLATFORM_FEE_BPS}"

@@ -23,6 +23,8 @@ class ApiScope(models.TextChoices):
     READ = "read", "read: see offers, templates, your leases and account"
     LEASES = "leases", "leases: start and stop leases, get their access tokens"
     TOKENS = "tokens", "tokens: list, create and revoke API tokens"
+    # Opt-in like ``tokens``: it asks for money to leave the marketplace.
+    PAYOUTS = "payouts", "payouts: request and cancel payouts of your earnings"
 
 
 # What a new token gets unless asked otherwise: enough to rent from a script, not enough to mint

@@ -14,6 +14,7 @@ from rest_framework.views import exception_handler
 
 from hub.accounts.ssh_keys import SshKeyError
 from hub.billing.money import format_rate
+from hub.billing.services import BillingError
 from hub.leases.services import LeaseError, PriceChanged
 from hub.volumes.services import VolumeError
 
@@ -49,7 +50,7 @@ def handle(exc: Exception, context: dict[str, Any]) -> Response | None:
             },
             status=status.HTTP_409_CONFLICT,
         )
-    if isinstance(exc, LeaseError | VolumeError | SshKeyError):
+    if isinstance(exc, LeaseError | VolumeError | SshKeyError | BillingError):
         # The lease services' refusals are written for the renter already.
         return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
     response = exception_handler(exc, context)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -66,7 +67,7 @@ class ApiTokenSerializer(serializers.Serializer):
     scopes = serializers.ListField(
         child=serializers.ChoiceField(choices=ApiScope.choices),
         read_only=True,
-        help_text="What the token may do: `read`, `leases`, `tokens`.",
+        help_text="What the token may do: `read`, `leases`, `tokens`, `payouts`.",
     )
 
 
@@ -79,10 +80,15 @@ class ApiTokenCreateSerializer(serializers.Serializer):
         max_length=len(ApiScope.values),
         default=default_api_scopes,
         help_text=(
-            "`read`, `leases` and/or `tokens`; `read` and `leases` when left out. A token can"
-            " grant only scopes it has itself."
+            "`read`, `leases`, `tokens` and/or `payouts`; `read` and `leases` when left out. A"
+            " token can grant only scopes it has itself."
         ),
     )
+
+    def validate_scopes(self, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise serializers.ValidationError("a scope is listed twice")
+        return value
 
 
 class ApiTokenCreatedSerializer(ApiTokenSerializer):
@@ -457,6 +463,37 @@ class AccountSerializer(serializers.Serializer):
     balance_micros = serializers.IntegerField()
     balance = FormattedMoneyField(source="balance_micros")
     ledger = LedgerRowSerializer(many=True, help_text="The most recent rows, newest first.")
+
+
+# --- payouts ------------------------------------------------------------------------------------
+
+
+class PayoutSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    amount_micros = serializers.IntegerField()
+    amount = FormattedMoneyField(source="amount_micros", cents=True)
+    state = serializers.CharField(help_text="`requested`, `paid` or `cancelled`.")
+    requested_at = serializers.DateTimeField()
+    paid_at = serializers.DateTimeField(allow_null=True)
+    reference = serializers.CharField(help_text="The transfer's reference, once paid.")
+
+
+class PayoutsSerializer(serializers.Serializer):
+    payable_micros = serializers.IntegerField(
+        help_text="Your balance less payouts requested and not paid yet: what you can ask for."
+    )
+    payable = FormattedMoneyField(source="payable_micros", cents=True)
+    minimum_micros = serializers.IntegerField(help_text="The smallest payout you may request.")
+    payouts = PayoutSerializer(many=True, help_text="Your payouts, newest first.")
+
+
+class PayoutRequestSerializer(serializers.Serializer):
+    amount = serializers.DecimalField(
+        max_digits=12,
+        decimal_places=2,
+        min_value=Decimal("0.01"),
+        help_text="In units, e.g. 25.00; at most what is payable.",
+    )
 
 
 # --- SSH keys -----------------------------------------------------------------------------------

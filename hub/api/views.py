@@ -22,8 +22,9 @@ from rest_framework.views import APIView
 from hub.accounts import api_tokens, ssh_keys
 from hub.accounts.models import ApiScope, ApiToken, SshKey
 from hub.api import serializers as s
+from hub.billing import payouts
 from hub.billing import services as billing
-from hub.billing.models import LedgerEntry
+from hub.billing.models import LedgerEntry, Payout
 from hub.billing.money import micros_from_units
 from hub.catalog import offers
 from hub.catalog.models import Template
@@ -39,6 +40,7 @@ from hub.volumes.models import Volume
 
 GIB = 1 << 30
 LEDGER_ROWS = 20
+PAYOUT_ROWS = 50
 
 ERRORS = {
     400: OpenApiResponse(s.ErrorSerializer, description="Bad input, or the service refused."),
@@ -441,6 +443,55 @@ class Account(APIView):
             "ledger": LedgerEntry.objects.filter(account=request.user)[:LEDGER_ROWS],
         }
         return Response(s.AccountSerializer(body).data)
+
+
+# --- payouts ------------------------------------------------------------------------------------
+
+
+def _payouts_body(request: Request) -> dict[str, Any]:
+    return {
+        "payable_micros": payouts.payable_micros(request.user),
+        "minimum_micros": settings.PAYOUT_MINIMUM_MICROS,
+        "payouts": Payout.objects.filter(account=request.user)[:PAYOUT_ROWS],
+    }
+
+
+class PayoutList(APIView):
+    # Asking for money to leave the marketplace is its own opt-in scope (like `tokens`).
+    required_scopes = {"GET": ApiScope.READ, "POST": ApiScope.PAYOUTS}
+
+    @extend_schema(
+        summary="Your payable balance and payouts",
+        responses={200: s.PayoutsSerializer, **AUTH_ONLY},
+    )
+    def get(self, request: Request) -> Response:
+        return Response(s.PayoutsSerializer(_payouts_body(request)).data)
+
+    @extend_schema(
+        summary="Request a payout of your earnings (an admin sends it and marks it paid)",
+        request=s.PayoutRequestSerializer,
+        responses={201: s.PayoutSerializer, **ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        data = _valid(s.PayoutRequestSerializer, request.data)
+        payout = payouts.request_payout(request.user, micros_from_units(data["amount"]))
+        return Response(s.PayoutSerializer(payout).data, status=status.HTTP_201_CREATED)
+
+
+class PayoutCancel(APIView):
+    required_scopes = {"POST": ApiScope.PAYOUTS}
+
+    @extend_schema(
+        summary="Cancel a payout you requested and that is not paid yet",
+        request=None,
+        responses={200: s.PayoutSerializer, **AUTH_ONLY, **NOT_FOUND},
+    )
+    def post(self, request: Request, pk: int) -> Response:
+        payout = get_object_or_404(Payout, pk=pk, account=request.user)
+        if not payouts.cancel_payout(payout.pk, request.user):
+            raise ValidationError({"detail": f"payout {payout.pk} is {payout.state} already"})
+        payout.refresh_from_db()
+        return Response(s.PayoutSerializer(payout).data)
 
 
 def _valid(serializer_class: type[Any], data: Any) -> dict[str, Any]:

@@ -36,3 +36,11 @@ class AdjustBalanceForm(forms.Form):
     @property
     def amount_micros(self) -> int:
         return micros_from_units(self.cleaned_data["amount"])
+
+
+class MarkPaidForm(forms.Form):
+    reference = forms.CharField(
+        max_length=200,
+        help_text="The transfer's reference (bank or processor), kept with the payout and in "
+        "the ledger.",
+    )

@@ -23,6 +23,7 @@ class LedgerEntry(models.Model):
         FEE = "fee", "platform fee"  # the platform's cut, on the platform account: positive
         ADJUSTMENT = "adjustment", "admin adjustment"  # a top-up or correction by an admin
         PAYMENT = "payment", "payment"  # money paid in through a payment processor
+        PAYOUT = "payout", "payout"  # money paid out to a supplier: negative
 
     # NULL is the platform's account (fees); every other row belongs to a person.
     account = models.ForeignKey(
@@ -84,8 +85,97 @@ class LedgerEntry(models.Model):
                 condition=~Q(kind="adjustment") | (~Q(reason="") & Q(created_by__isnull=False)),
                 name="ledger_adjustment_has_reason_and_author",
             ),
+            models.CheckConstraint(
+                condition=~Q(kind="payout") | Q(amount_micros__lt=0),
+                name="ledger_payout_negative",
+            ),
         ]
 
     def __str__(self) -> str:
         who = self.account_id if self.account_id is not None else "platform"
         return f"{self.kind} {format_rate(self.amount_micros)} ({who})"
+
+
+class TopUpRequest(models.Model):
+    """A renter asking for funds while no payment processor is wired in: admins see it on the
+    person's admin page and answer it with an adjustment (the ledger row it became)."""
+
+    class State(models.TextChoices):
+        WAITING = "waiting"
+        ADDED = "added"
+        DECLINED = "declined"
+
+    account = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="topup_requests"
+    )
+    amount_micros = models.BigIntegerField()
+    note = models.CharField(max_length=500, blank=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.WAITING)
+    created_at = models.DateTimeField(default=timezone.now)
+    handled_at = models.DateTimeField(null=True, blank=True)
+    handled_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+    )
+    ledger_entry = models.OneToOneField(
+        LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, related_name="topup_request"
+    )
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount_micros__gt=0), name="topup_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"top-up {format_rate(self.amount_micros)} for {self.account_id} ({self.state})"
+
+
+class Payout(models.Model):
+    """A supplier's request to be paid their balance. Requested money is held (it is not
+    payable twice); the ledger row (kind ``payout``) is written when an admin marks it paid,
+    with the reference of the transfer, through ``hub/billing/payouts.py``."""
+
+    class State(models.TextChoices):
+        REQUESTED = "requested"
+        PAID = "paid"
+        CANCELLED = "cancelled"
+
+    account = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="payouts"
+    )
+    amount_micros = models.BigIntegerField()
+    state = models.CharField(
+        max_length=16, choices=State.choices, default=State.REQUESTED, db_index=True
+    )
+    requested_at = models.DateTimeField(default=timezone.now)
+    # Where the money went: the bank transfer's or the processor's reference.
+    reference = models.CharField(max_length=200, blank=True)
+    paid_at = models.DateTimeField(null=True, blank=True)
+    handled_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+    )
+    ledger_entry = models.OneToOneField(
+        LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, related_name="payout"
+    )
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount_micros__gt=0), name="payout_positive"),
+            models.CheckConstraint(
+                condition=~Q(state="paid")
+                | (~Q(reference="") & Q(ledger_entry__isnull=False) & Q(paid_at__isnull=False)),
+                name="payout_paid_has_reference_and_row",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"payout {format_rate(self.amount_micros)} to {self.account_id} ({self.state})"

@@ -348,6 +348,25 @@ class HostDetailsForm(forms.Form):
         return " ".join(self.cleaned_data["location"].split())
 
 
+class MoneyAmountForm(forms.Form):
+    amount = forms.DecimalField(
+        min_value=Decimal("0.01"), max_value=Decimal(100_000), decimal_places=2, label="Amount ($)"
+    )
+
+    @property
+    def amount_micros(self) -> int:
+        return micros_from_units(self.cleaned_data["amount"])
+
+
+class TopUpRequestForm(MoneyAmountForm):
+    note = forms.CharField(
+        required=False,
+        max_length=500,
+        label="Note for the admins",
+        help_text="Optional: how you will pay, or what it is for.",
+    )
+
+
 class TokenForm(forms.Form):
     name = forms.CharField(
         required=False, max_length=100, help_text="To tell your tokens apart, e.g. rig-3"

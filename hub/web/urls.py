@@ -25,6 +25,7 @@ urlpatterns = [
         name="lease-access-token",
     ),
     path("usage/", renter.usage, name="usage"),
+    path("usage/top-up/", renter.top_up_request, name="top-up-request"),
     path("volumes/", volumes.volume_list, name="volumes"),
     path("volumes/<uuid:volume_id>/delete/", volumes.volume_delete, name="volume-delete"),
     path("volumes/<uuid:volume_id>/resize/", volumes.volume_resize, name="volume-resize"),
@@ -64,4 +65,6 @@ urlpatterns = [
         name="install-command-cancel",
     ),
     path("supplier/earnings/", supplier.earnings, name="earnings"),
+    path("supplier/payouts/", supplier.payout_request, name="payout-request"),
+    path("supplier/payouts/<int:payout_id>/cancel/", supplier.payout_cancel, name="payout-cancel"),
 ]

@@ -16,7 +16,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from redis.exceptions import RedisError
 
 from hub.billing import services as billing
-from hub.billing.models import LedgerEntry
+from hub.billing import topups
+from hub.billing.models import LedgerEntry, TopUpRequest
+from hub.billing.money import format_micros
 from hub.catalog.models import Template
 from hub.catalog.offers import list_offers, uptime
 from hub.catalog.services import with_account_keys
@@ -30,7 +32,7 @@ from hub.tunnels import access, renter_ssh
 from hub.tunnels import services as tunnels
 from hub.volumes import services as volumes
 from hub.volumes.models import Volume
-from hub.web.forms import OfferFilterForm, RentForm
+from hub.web.forms import OfferFilterForm, RentForm, TopUpRequestForm
 
 
 def _is_htmx(request: HttpRequest) -> bool:
@@ -216,9 +218,9 @@ def lease_list(request: HttpRequest) -> HttpResponse:
     return render(request, "web/leases.html", {"leases": rows})
 
 
-@login_required
-@require_GET
-def usage(request: HttpRequest) -> HttpResponse:
+def _usage_context(
+    request: HttpRequest, topup_form: TopUpRequestForm | None = None
+) -> dict[str, Any]:
     user = request.user
     rows = list(Lease.objects.filter(renter=user).select_related("host")[:200])
     charged = Lease.objects.filter(renter=user).aggregate(total=Sum("charged_micros"))["total"]
@@ -232,5 +234,34 @@ def usage(request: HttpRequest) -> HttpResponse:
             account=user,
             kind__in=[LedgerEntry.Kind.ADJUSTMENT, LedgerEntry.Kind.PAYMENT],
         )[:50],
+        "topup_form": topup_form or TopUpRequestForm(prefix="topup"),
+        "topup_requests": TopUpRequest.objects.filter(account=user)[:20],
     }
-    return render(request, "web/usage.html", context)
+    return context
+
+
+@login_required
+@require_GET
+def usage(request: HttpRequest) -> HttpResponse:
+    return render(request, "web/usage.html", _usage_context(request))
+
+
+@login_required
+@require_POST
+def top_up_request(request: HttpRequest) -> HttpResponse:
+    """No payment processor is wired in yet: the renter asks, an admin adds the money from
+    the person's admin page (hub/billing/topups.py)."""
+    form = TopUpRequestForm(request.POST, prefix="topup")
+    if form.is_valid():
+        try:
+            topups.request_top_up(request.user, form.amount_micros, form.cleaned_data["note"])
+        except billing.BillingError as exc:
+            form.add_error(None, _sentence(str(exc)))
+        else:
+            messages.success(
+                request,
+                f"Asked for {format_micros(form.amount_micros, cents=True)}. An admin adds it to "
+                "your balance; it shows here when they do.",
+            )
+            return redirect("web:usage")
+    return render(request, "web/usage.html", _usage_context(request, form), status=400)

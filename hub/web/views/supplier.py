@@ -22,15 +22,22 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 import supplier_agent
+from hub.billing import payouts
 from hub.billing import services as billing
-from hub.billing.models import LedgerEntry
+from hub.billing.models import LedgerEntry, Payout
 from hub.billing.money import format_micros
 from hub.installer import enrollment
 from hub.installer.models import EnrollmentCode
 from hub.leases.gpu_status import gpu_statuses
 from hub.suppliers import services as suppliers
 from hub.suppliers.models import AgentToken, Gpu, GpuSample, Host, host_label
-from hub.web.forms import GpuTermsForm, HostDefaultPriceForm, HostDetailsForm, TokenForm
+from hub.web.forms import (
+    GpuTermsForm,
+    HostDefaultPriceForm,
+    HostDetailsForm,
+    MoneyAmountForm,
+    TokenForm,
+)
 
 SPARKLINE_WINDOW = timedelta(hours=1)
 SPARKLINE_POINTS = 60
@@ -303,9 +310,9 @@ def host_details(request: HttpRequest, host_id: int) -> HttpResponse:
 # --- earnings -----------------------------------------------------------------------------
 
 
-@login_required
-@require_GET
-def earnings(request: HttpRequest) -> HttpResponse:
+def _earnings_context(
+    request: HttpRequest, payout_form: MoneyAmountForm | None = None
+) -> dict[str, Any]:
     rows = LedgerEntry.objects.filter(account=request.user, kind=LedgerEntry.Kind.EARNING)
     per_day = (
         rows.annotate(day=TruncDate("created_at"))
@@ -339,5 +346,46 @@ def earnings(request: HttpRequest) -> HttpResponse:
         "balance_micros": billing.balance_micros(request.user),
         "per_day": per_day,
         "per_lease": per_lease,
+        "payable_micros": payouts.payable_micros(request.user),
+        "held_micros": payouts.held_micros(request.user),
+        "payout_minimum_micros": settings.PAYOUT_MINIMUM_MICROS,
+        "payout_form": payout_form or MoneyAmountForm(prefix="payout"),
+        "payouts": Payout.objects.filter(account=request.user)[:50],
     }
-    return render(request, "web/earnings.html", context)
+    return context
+
+
+@login_required
+@require_GET
+def earnings(request: HttpRequest) -> HttpResponse:
+    return render(request, "web/earnings.html", _earnings_context(request))
+
+
+@login_required
+@require_POST
+def payout_request(request: HttpRequest) -> HttpResponse:
+    form = MoneyAmountForm(request.POST, prefix="payout")
+    if form.is_valid():
+        try:
+            payouts.request_payout(request.user, form.amount_micros)
+        except billing.BillingError as exc:
+            form.add_error(None, f"{str(exc)[:1].upper()}{str(exc)[1:]}.")
+        else:
+            messages.success(
+                request,
+                f"Payout of {format_micros(form.amount_micros, cents=True)} requested; an admin "
+                "sends it and marks it paid here.",
+            )
+            return redirect("web:earnings")
+    return render(request, "web/earnings.html", _earnings_context(request, form), status=400)
+
+
+@login_required
+@require_POST
+def payout_cancel(request: HttpRequest, payout_id: int) -> HttpResponse:
+    payout = get_object_or_404(Payout, pk=payout_id, account=request.user)
+    if payouts.cancel_payout(payout.pk, request.user):
+        messages.success(request, "Payout request cancelled; the money is payable again.")
+    else:
+        messages.info(request, "That payout was already paid or cancelled.")
+    return redirect("web:earnings")
