@@ -16,7 +16,7 @@
     if (!source || !select) return;
     var fills = JSON.parse(source.textContent);
     var filled = {};
-    select.addEventListener("change", function () {
+    function fill() {
       var chosen = fills[select.value] || null;
       FIELDS.forEach(function (name) {
         var field = form.querySelector("[name=" + name + "]");
@@ -29,7 +29,15 @@
           delete filled[name];
         }
       });
+    }
+    select.addEventListener("change", fill);
+    // A template chosen before this ran (or restored by the browser on "back") with the fields
+    // still empty: show what it runs.
+    var empty = FIELDS.every(function (name) {
+      var field = form.querySelector("[name=" + name + "]");
+      return !field || field.value === "";
     });
+    if (select.value && empty) fill();
   }
 
   document.addEventListener("submit", function (event) {

@@ -1,7 +1,8 @@
 // The dashboard's live updates: one WebSocket per page (hub/web/consumers.py) sends the
 // signed-in person's lease and host states; this refreshes the fragments that show them.
-// Fragments opt in with data-live-lease="<id>", data-live-host="<id>" or data-live-hosts and
-// an hx-get plus hx-trigger="cloudgpu:refresh"; state badges with data-lease-badge="<id>".
+// Fragments opt in with data-live-lease="<id>" or data-live-host="<id>" and an hx-get plus
+// hx-trigger="cloudgpu:refresh", or data-live-hosts with hx-trigger="cloudgpu:refresh-list";
+// state badges with data-lease-badge="<id>".
 // A panel with data-live-logs="<lease id>" follows that lease's live output into its <pre>.
 // Every <time data-since="ISO"> counts on by itself ("3 min ago"), also between refreshes;
 // the words match the server's (hub/lib/timewords.py).
@@ -62,9 +63,11 @@
     if (note && text) note.hidden = true;
   }
 
-  function refresh(selector) {
+  // The hosts list holds each host's fragment, and events bubble: the list listens for an
+  // event of its own, or every host's refresh would also swap the whole list (and its forms).
+  function refresh(selector, event) {
     document.querySelectorAll(selector).forEach(function (el) {
-      if (window.htmx) window.htmx.trigger(el, "cloudgpu:refresh");
+      if (window.htmx) window.htmx.trigger(el, event || "cloudgpu:refresh");
     });
   }
 
@@ -89,13 +92,18 @@
       }
       if (id === logsLease && lease.state === "running" && was !== "running") subscribeLogs();
     });
-    var oldIds = Object.keys(old.hosts).sort().join(",");
+    // The whole hosts list is swapped only when the set of hosts differs from what the page
+    // shows: its forms (a host's name, a GPU's price) would lose what someone is typing.
+    var shown = [];
+    document.querySelectorAll("[data-live-host]").forEach(function (el) {
+      shown.push(el.getAttribute("data-live-host"));
+    });
     var newIds = Object.keys(snapshot.hosts).sort().join(",");
-    if (first || oldIds !== newIds) {
-      refresh("[data-live-hosts]");
+    if (document.querySelector("[data-live-hosts]") && shown.sort().join(",") !== newIds) {
+      refresh("[data-live-hosts]", "cloudgpu:refresh-list");
     } else {
       Object.keys(snapshot.hosts).forEach(function (id) {
-        if (old.hosts[id].sig !== snapshot.hosts[id].sig) {
+        if (first || !old.hosts[id] || old.hosts[id].sig !== snapshot.hosts[id].sig) {
           refresh('[data-live-host="' + id + '"]');
         }
       });
