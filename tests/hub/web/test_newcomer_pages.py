@@ -52,6 +52,7 @@ def test_the_hosts_page_says_rented_for_a_rented_gpu_and_counts_time_live() -> N
     assert 'data-state="rented"' in page
     assert 'data-state="listed"' in page
     assert "for rent</span>" not in page  # the old label, true or not
+    assert 'Uptime (7 days)</dt><dd class="host-uptime">100.0 %' in page
     # A <time> the page's script counts on from, not a frozen "0 minutes ago".
     assert f'data-since="{host.last_seen_at.isoformat()}"' in page
 
