@@ -184,7 +184,6 @@ def _host_rows(hosts: list[Host]) -> list[dict[str, Any]]:
                 }
                 for gpu in host.gpus.all()
             ],
-            "default_price": (host.default_price_per_hour_micros or 0) / 1_000_000,
             "uptime_7d": uptimes.get(host.pk, 0.0),
         }
         for host in hosts
