@@ -115,6 +115,8 @@ FRAME_WINDOW_S = 10.0
 CLOSE_TOO_MANY_FRAMES = 4429
 CLOSE_SUPERSEDED = 4409
 CLOSE_NO_REGISTER = 4408
+# The round trip is rewritten only past this change (or a fifth of the last value written).
+RTT_WRITE_MIN_CHANGE_MS = 5
 # Live log chunks have their own budget instead (several followed leases at the agent's own
 # cap of 64 KiB/s each); past it chunks are dropped, the socket stays.
 LOG_BYTES_PER_WINDOW = 4 * 1024 * 1024
@@ -403,7 +405,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return  # not ours, or answered already
         self._ping_nonce = None
         rtt_ms = round((time.monotonic() - self._ping_sent_at) * 1000)
-        await _db(record_rtt)(self.host_id, rtt_ms)
+        # A row write only when the figure moved visibly: at 10,000 agents a ping every
+        # 5 minutes would otherwise be ~33 updates a second for jitter nobody reads.
+        written = getattr(self, "_rtt_written", None)
+        if written is None or abs(rtt_ms - written) > max(RTT_WRITE_MIN_CHANGE_MS, written // 5):
+            await _db(record_rtt)(self.host_id, rtt_ms)
+            self._rtt_written = rtt_ms
 
     async def _gpu_health(self, message: GpuHealthReport) -> None:
         assert self.host_id is not None

@@ -130,6 +130,12 @@ class OfferQuerySerializer(serializers.Serializer):
     max_rtt_ms = serializers.IntegerField(
         required=False, min_value=0, max_value=600_000, help_text="The hub-measured round trip."
     )
+    min_uptime_pct = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=100,
+        help_text="The host online at least this share of the last 7 days, in percent.",
+    )
 
 
 class OfferSerializer(serializers.Serializer):
@@ -384,6 +390,9 @@ class LeaseSerializer(serializers.Serializer):
     failure_reason = serializers.CharField(help_text="Why it never ran, in words; or empty.")
     host_id = serializers.IntegerField()
     hostname = serializers.CharField(source="host.hostname")
+    host_label = serializers.CharField(
+        source="host.label", help_text="The host as pages name it: its name and short id."
+    )
     gpus = LeaseGpuSerializer(source="lease_gpus.all", many=True)
     image = serializers.CharField()
     ports = serializers.ListField(child=serializers.IntegerField())

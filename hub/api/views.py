@@ -181,6 +181,7 @@ class OfferList(APIView):
                 min_disk_bytes=query.get("min_disk_gib", 0) * GIB,
                 min_cuda=query.get("min_cuda", ""),
                 max_rtt_ms=query.get("max_rtt_ms"),
+                min_uptime=query.get("min_uptime_pct", 0) / 100,
             ),
         )
         return Response(s.OfferSerializer(found, many=True).data)

@@ -60,6 +60,7 @@ class HostFilters:
     min_disk_bytes: int = 0
     min_cuda: str = ""
     max_rtt_ms: int | None = None
+    min_uptime: float = 0.0  # 0..1 of the last 7 days online
 
 
 def available_gpus(
@@ -171,6 +172,8 @@ def list_offers(
         host=host,
     )
     uptimes = uptime(sorted({g.host_id for g in gpus}), now)
+    if host is not None and host.min_uptime:
+        gpus = [g for g in gpus if uptimes.get(g.host_id, 0.0) >= host.min_uptime]
     return [
         Offer(
             gpu_id=g.pk,

@@ -108,7 +108,7 @@ class HostAdmin(admin.ModelAdmin):
         "location",
         "last_seen",
     )
-    list_filter = ("status", "maintenance", "runtime", "arch", "location")
+    list_filter = ("status", "maintenance", "runtime", "location")
     actions = ("drain", "undrain")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Host]:

@@ -277,6 +277,12 @@ class OfferFilterForm(forms.Form):
     min_disk_gib = forms.IntegerField(
         required=False, min_value=0, max_value=1 << 30, label="Min free disk (GiB)"
     )
+    max_rtt_ms = forms.IntegerField(
+        required=False, min_value=0, max_value=600_000, label="Max round trip (ms)"
+    )
+    min_uptime_pct = forms.IntegerField(
+        required=False, min_value=0, max_value=100, label="Min uptime (%)"
+    )
     min_cuda = forms.RegexField(
         required=False, regex=r"^\d{1,3}(\.\d{1,3})?$", max_length=7, label="Min CUDA"
     )
@@ -295,6 +301,8 @@ class OfferFilterForm(forms.Form):
                 min_ram_bytes=(data.get("min_ram_gib") or 0) * GIB,
                 min_disk_bytes=(data.get("min_disk_gib") or 0) * GIB,
                 min_cuda=data.get("min_cuda") or "",
+                max_rtt_ms=data.get("max_rtt_ms"),
+                min_uptime=(data.get("min_uptime_pct") or 0) / 100,
             ),
         }
 

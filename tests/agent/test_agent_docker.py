@@ -140,6 +140,19 @@ def test_a_lease_runs_and_release_cleans_up_in_order(
         assert host.lock_is_free(1)
 
 
+def test_register_reports_free_disk_the_driver_and_its_cuda_version(
+    host: Host, docker_client: object, tmp_path: Path
+) -> None:
+    """Issue 20 item 3: what renters choose a host by, measured by the agent (NVML's driver
+    and CUDA versions, statvfs of Docker's root), in the register frame."""
+    with HubPeer(new_token()) as hub, _agent(host, hub, "facts", tmp_path / "f.log") as (_, conn):
+        register = hub.wait_for(conn, "register")
+        assert register.driver_version == "570.86.15"
+        assert register.cuda_version == "12.8"
+        assert register.disk_free_bytes is not None
+        assert register.disk_free_bytes > 0
+
+
 def test_two_agents_race_for_gpu_0_and_exactly_one_wins(host: Host, tmp_path: Path) -> None:
     with HubPeer(new_token()) as hub, ExitStack() as stack:
         _, conn_a = stack.enter_context(_agent(host, hub, "a", tmp_path / "a.log"))

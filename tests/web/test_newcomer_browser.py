@@ -186,6 +186,17 @@ def test_a_renter_asks_for_a_top_up_and_an_admin_adds_it_from_their_page(
         staff.click("input[type=submit]")
         expect(staff.locator("#fleet-link")).to_contain_text("Fleet")
         expect(staff).to_have_title(re.compile("CloudGPU admin"))
+        # Item 9: the hosts list fits its columns at a laptop's width, long names included.
+        for hostname in ("vm", "vm", "a-very-long-hostname-of-a-cloud-vm-in-region-x.internal"):
+            Host.objects.create(owner=admin, agent_id=uuid.uuid4(), hostname=hostname)
+        staff.set_viewport_size({"width": 1280, "height": 800})
+        staff.goto("/admin/suppliers/host/")
+        expect(staff.locator("#result_list tbody tr")).to_have_count(3)
+        assert staff.evaluate(
+            "(() => { const t = document.querySelector('#result_list');"
+            " return t.scrollWidth <= t.parentElement.clientWidth; })()"
+        )
+        screenshot(staff, "newcomer-admin-hosts")
         user = User.objects.get(username=renter)
         staff.goto(f"/admin/accounts/user/{user.pk}/change/")
         staff.click("#adjust-balance-link")

@@ -25,3 +25,10 @@ def cents(micros: int | None) -> str:
 @register.filter
 def rate(micros: int | None) -> str:
     return "" if micros is None else format_rate(micros)
+
+
+@register.filter
+def units(micros: int | None) -> str:
+    """For a form's number input: ``1_500_000`` -> ``1.50``, ``4_000`` -> ``0.004`` (a sub-cent
+    price must not be shown, and saved back, as 0.00)."""
+    return "" if micros is None else format_rate(micros, symbol="")

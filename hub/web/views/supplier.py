@@ -26,6 +26,7 @@ from hub.billing import payouts
 from hub.billing import services as billing
 from hub.billing.models import LedgerEntry, Payout
 from hub.billing.money import format_micros
+from hub.catalog.offers import uptime
 from hub.installer import enrollment
 from hub.installer.models import EnrollmentCode
 from hub.leases.gpu_status import gpu_statuses
@@ -163,6 +164,7 @@ def _host_rows(hosts: list[Host]) -> list[dict[str, Any]]:
     gpus = [gpu for host in hosts for gpu in host.gpus.all()]
     lines = _sparklines([gpu.pk for gpu in gpus])
     statuses = gpu_statuses(hosts)
+    uptimes = uptime([host.pk for host in hosts])
     return [
         {
             "host": host,
@@ -182,7 +184,7 @@ def _host_rows(hosts: list[Host]) -> list[dict[str, Any]]:
                 }
                 for gpu in host.gpus.all()
             ],
-            "default_price": (host.default_price_per_hour_micros or 0) / 1_000_000,
+            "uptime_7d": uptimes.get(host.pk, 0.0),
         }
         for host in hosts
     ]

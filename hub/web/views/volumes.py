@@ -48,7 +48,7 @@ def volume_list(request: HttpRequest) -> HttpResponse:
             else:
                 messages.success(
                     request,
-                    f"Volume {volume.label} created on {volume.host.hostname}: mount it when"
+                    f"Volume {volume.label} created on {volume.host.label}: mount it when"
                     " you rent a GPU of that host.",
                 )
                 return redirect("web:volumes")

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 from rest_framework.test import APIClient
 
+from hub.accounts.models import User
 from hub.agents import registration
 from hub.suppliers import services as supplier_services
 from hub.suppliers.models import Host
@@ -108,7 +109,25 @@ def test_offers_filter_on_the_measured_round_trip(api: APIClient, hosts: tuple[H
     assert _offer_hosts(api, "?max_rtt_ms=50") == [small.pk]
 
 
-@pytest.mark.parametrize("query", ["?min_cuda=twelve", "?min_ram_gib=-1", "?max_rtt_ms=-5"])
+def test_offers_filter_on_the_measured_uptime(api: APIClient, hosts: tuple[Host, Host]) -> None:
+    small, big = hosts
+    f.take_offline(small)
+    # Back online: its 7 days so far hold an outage, the other host's none.
+    registration.register_host(
+        small.token_id,
+        dataclasses.replace(f.register_message(str(small.agent_id)), cpu_count=8),
+        "",
+    )
+    assert set(_offer_hosts(api, "?min_uptime_pct=0")) == {small.pk, big.pk}
+    offers = {o["host_id"]: o["uptime_7d"] for o in api.get("/api/v1/offers/").json()}
+    assert offers[big.pk] == 1.0
+    assert offers[small.pk] < 1.0
+    assert _offer_hosts(api, "?min_uptime_pct=100") == [big.pk]
+
+
+@pytest.mark.parametrize(
+    "query", ["?min_cuda=twelve", "?min_ram_gib=-1", "?max_rtt_ms=-5", "?min_uptime_pct=101"]
+)
 def test_bad_host_filters_are_400(api: APIClient, query: str) -> None:
     response = api.get(f"/api/v1/offers/{query}")
     assert response.status_code == 400
@@ -156,3 +175,11 @@ def test_two_hosts_named_alike_are_told_apart_and_the_supplier_names_them() -> N
         supplier_services.set_host_details(first.pk, name="a\x00b", location="")
     with pytest.raises(supplier_services.SupplierError):
         supplier_services.set_host_details(first.pk, name="n" * 65, location="")
+
+
+def test_a_lease_names_its_host_as_pages_do(api: APIClient, renter: User) -> None:
+    host = supplier_services.set_host_details(_host().pk, name="rack-7", location="")
+    lease = f.start_lease(host, renter=renter)
+    body = api.get(f"/api/v1/leases/{lease.pk}/").json()
+    assert body["host_label"] == f"rack-7 · {host.agent_id.hex[:6]}"
+    assert body["hostname"] == "vm"

@@ -52,8 +52,17 @@ def test_the_hosts_page_says_rented_for_a_rented_gpu_and_counts_time_live() -> N
     assert 'data-state="rented"' in page
     assert 'data-state="listed"' in page
     assert "for rent</span>" not in page  # the old label, true or not
+    assert 'Uptime (7 days)</dt><dd class="host-uptime">100.0 %' in page
     # A <time> the page's script counts on from, not a frozen "0 minutes ago".
     assert f'data-since="{host.last_seen_at.isoformat()}"' in page
+
+
+def test_a_sub_cent_price_is_shown_in_full_on_the_hosts_page_not_as_zero() -> None:
+    host = f.register_host()
+    gpu = host.gpus.get()
+    supplier_services.set_gpu_terms(gpu.pk, price_per_hour_micros=4_000)  # $0.004 an hour
+    page = _client(host.owner).get(reverse("web:hosts")).content.decode()
+    assert f'name="gpu{gpu.pk}-price" value="0.004"' in page
 
 
 def test_a_gpu_in_maintenance_does_not_say_listed() -> None:

@@ -166,7 +166,7 @@ class Command(BaseCommand):
         elif noun == "hosts":
             for host in Host.objects.prefetch_related("gpus").order_by("pk"):
                 gpus = ", ".join(f"{g.index}:{g.name}" for g in host.gpus.all() if g.present)
-                self.stdout.write(f"{host.pk}\t{host.hostname}\t{host.status}\t{gpus}")
+                self.stdout.write(f"{host.pk}\t{host.label}\t{host.status}\t{gpus}")
         elif verb == "start":
             self._start(options)
         elif verb == "access-token":
