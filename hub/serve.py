@@ -26,6 +26,7 @@ from daphne.server import Server
 from twisted.internet import reactor
 
 from hub.lib.compat_daphne import http_channel_of, replace_http_factory
+from hub.lib.metrics_dir import mark_process_dead
 from hub.lib.redact import redact
 
 
@@ -215,6 +216,9 @@ def ensure_metrics_dir() -> None:
     folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if folder:
         os.makedirs(folder, mode=0o700, exist_ok=True)
+        # A process before this one may have had this pid (a container restarted: pid 1
+        # again) and died without its live gauges removed: they would start at its values.
+        mark_process_dead(os.getpid(), folder)
 
 
 def main(argv: list[str] | None = None) -> None:
