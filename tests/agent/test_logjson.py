@@ -12,6 +12,7 @@ from hub.lib.logjson import HubJsonFormatter
 from hub.lib.ports import free_port
 from supplier_agent.logjson import JsonFormatter, bind, bound
 from tests.support.agents import agent_env, configure, new_token, running_agent
+from tests.support.loops import run_on_own_loop
 from tests.support.polling import wait_for
 
 TOKEN = "cgpu_" + "A1b2C3d4E5" * 3 + "zZ9yY8"
@@ -46,7 +47,7 @@ def test_bound_ids_belong_to_their_task_only() -> None:
     async def both() -> list[dict[str, object]]:
         return list(await asyncio.gather(socket(1), socket(2)))
 
-    first, second = asyncio.run(both())
+    first, second = run_on_own_loop(both())
     assert (first["host_id"], second["host_id"]) == (1, 2)
     assert "host_id" not in json.loads(formatter.format(_record("outside")))
     with bound(command_id="c1"):
