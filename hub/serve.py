@@ -32,6 +32,7 @@ from twisted.internet.task import LoopingCall
 
 from hub.lib.compat_daphne import http_channel_of, replace_http_factory
 from hub.lib.gc_schedule import FullCollections
+from hub.lib.metrics_dir import mark_process_dead
 from hub.lib.redact import redact
 
 
@@ -308,6 +309,9 @@ def ensure_metrics_dir() -> None:
     folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if folder:
         os.makedirs(folder, mode=0o700, exist_ok=True)
+        # A process before this one may have had this pid (a container restarted: pid 1
+        # again) and died without its live gauges removed: they would start at its values.
+        mark_process_dead(os.getpid(), folder)
 
 
 def main(argv: list[str] | None = None) -> None:

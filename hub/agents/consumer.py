@@ -335,9 +335,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if isinstance(message, Heartbeat):
             await self._heartbeat(message)
         elif isinstance(message, Ack):
-            await _db(lease_services.record_ack)(self.host_id, message)
+            # The ids go with the call into its thread (a copy of this context): the service's
+            # log lines carry them under LOG_FORMAT=json.
+            with logjson.bound(command_id=message.command_id):
+                await _db(lease_services.record_ack)(self.host_id, message)
         elif isinstance(message, ContainerExited):
-            await _db(lease_services.record_container_exit)(self.host_id, message)
+            with logjson.bound(lease_id=message.lease_id):
+                await _db(lease_services.record_container_exit)(self.host_id, message)
         elif isinstance(message, TunnelState):
             await _db(tunnel_services.record_state)(self.host_id, message)
         elif isinstance(message, VolumeReport):

@@ -157,6 +157,12 @@ def _still_running(proc: psutil.Process) -> bool:
         return False
 
 
+def _metrics(base_url: str) -> str:
+    response = httpx.get(f"{base_url}/metrics", timeout=30)
+    assert response.status_code == 200  # from loopback: METRICS_ALLOW_IPS' default
+    return response.text
+
+
 def test_runner_serves_the_hub_and_leaves_no_process_behind(state_dir: Path) -> None:
     with runner(state_dir) as run:
         passwords = _demo_passwords(run)
@@ -176,6 +182,18 @@ def test_runner_serves_the_hub_and_leaves_no_process_behind(state_dir: Path) -> 
         gpus = _admin_page(run.base_url, passwords["admin"], "/admin/suppliers/gpu/")
         # The mock runtime's GPU, or (root, Docker, no NVIDIA GPU) the simulated one.
         assert ("Demo GPU" if "one simulated GPU" in run.text() else "RTX 4090") in gpus
+        # /metrics adds up every process's values from the runner's folder: the demo agent's
+        # socket (web), the telemetry flushes (worker, on beat's schedule).
+        assert sorted(p.name for p in (state_dir / "prometheus").iterdir())
+        wait_for(
+            lambda: (
+                "cloudgpu_agents_connected 1.0" in (metrics := _metrics(run.base_url))
+                and "cloudgpu_telemetry_flush_seconds_count 0.0" not in metrics
+                and "cloudgpu_telemetry_flush_seconds_count" in metrics
+            ),
+            timeout_s=60,
+            what="/metrics counting the demo agent and the worker's flushes",
+        )
 
         started = _started_processes(run)
         commands = " ".join(started.values())

@@ -90,6 +90,17 @@ def test_staff_see_the_fleet_page(staff_client: Client) -> None:
     assert "boom" in html
 
 
+def test_the_fleet_page_lists_gpus_delisted_as_failed(staff_client: Client) -> None:
+    host = f.register_host()
+    Gpu.objects.filter(host=host).update(
+        listed=False, unhealthy_since=timezone.now(), unhealthy_reason="NVML lost the GPU"
+    )
+    assert fleet_summary().gpus_unhealthy == 1
+    html = staff_client.get(FLEET).content.decode()
+    assert '<td data-count="gpus-unhealthy">1</td>' in html
+    assert "NVML lost the GPU" in html
+
+
 def test_anyone_else_is_sent_to_the_admin_login(client: Client) -> None:
     assert client.get(FLEET).status_code == 302
     client.force_login(f.make_user("renter"))

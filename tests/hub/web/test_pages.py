@@ -15,6 +15,7 @@ from django.urls import reverse
 from hub.agents import heartbeats
 from hub.billing import services as billing
 from hub.catalog.models import Template
+from hub.leases import gpu_faults
 from hub.leases.models import Lease
 from hub.suppliers import services as supplier_services
 from hub.suppliers.models import AgentToken, Gpu
@@ -332,3 +333,20 @@ def test_heartbeat_stats_write_sparkline_samples() -> None:
     assert sample.utilization_pct == 80
     page = _client(token.owner).get(reverse("web:hosts")).content.decode()
     assert '<svg class="spark"' in page
+
+
+def test_a_failed_gpu_shows_its_supplier_why_and_how_and_flags_the_renters_lease() -> None:
+    token, _ = f.make_token()
+    host = f.register_host(token)
+    renter = _funded_renter()
+    lease = f.start_lease(host, renter=renter)
+    gpu = host.gpus.get()
+    fault = gpu_faults.Fault(gpu.index, gpu.uuid, "xid", "the driver reported XID 79")
+    assert gpu_faults.delist_failed_gpus(host.pk, [fault]) == [gpu.index]
+    supplier_page = _client(token.owner).get(reverse("web:hosts")).content.decode()
+    assert "the driver reported XID 79" in supplier_page
+    assert "restart cloudgpu-agent, then put the GPU up for rent again" in supplier_page
+    assert "failed" in supplier_page
+    panel = _client(renter).get(reverse("web:lease-panel", args=[lease.pk])).content.decode()
+    assert 'id="gpu-fault"' in panel
+    assert "GPU 0 of this rental failed: the driver reported XID 79." in panel
