@@ -13,6 +13,7 @@ import hashlib
 import http.server
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -232,9 +233,14 @@ def dies_in_run(tmp_path_factory: pytest.TempPathFactory) -> Wheel:
     source = work / f"src-{DIES_IN_RUN_VERSION}"
     cli = source / "supplier_agent" / "cli.py"
     text = cli.read_text()
-    head = "def cmd_run(config: AgentConfig) -> int:\n"
-    assert head in text
-    cli.write_text(text.replace(head, head + '    raise SystemExit("deliberately dies in run")\n'))
+    # The first line of cmd_run's body, whatever its parameters: the version dies on `run`.
+    head = re.search(r"^def cmd_run\(.*?\) -> int:\n", text, flags=re.M | re.S)
+    assert head is not None
+    cli.write_text(
+        text.replace(
+            head.group(0), head.group(0) + '    raise SystemExit("deliberately dies in run")\n'
+        )
+    )
     out = work / "wheels"
     _run(
         [

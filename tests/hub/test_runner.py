@@ -170,7 +170,7 @@ def test_runner_serves_the_hub_and_leaves_no_process_behind(state_dir: Path) -> 
 
         page = _admin_login(run.base_url, "admin", passwords["admin"])
         assert page.status_code == 200
-        assert "Site administration" in page.text
+        assert "Run the market | CloudGPU admin" in page.text  # the signed-in admin index
         hosts = wait_for(
             lambda: _admin_page(
                 run.base_url, passwords["admin"], "/admin/suppliers/host/?status=online"
@@ -229,7 +229,7 @@ def test_second_run_reuses_the_data(state_dir: Path) -> None:
         assert "Please enter the correct username and password" in page.text
         # The admin account and its password from the first run are still there.
         page = _admin_login(second.base_url, "admin", password)
-        assert "Site administration" in page.text
+        assert "Run the market | CloudGPU admin" in page.text  # the signed-in admin index
     # The summary says how to set a new password; the command it gives works as printed.
     summary = second.text().partition("CloudGPU hub is running:")[2]
     command = re.search(r"stop the hub and run: (.+ manage\.py changepassword admin)", summary)
@@ -248,7 +248,7 @@ def test_second_run_reuses_the_data(state_dir: Path) -> None:
     )
     with runner(state_dir) as third:
         page = _admin_login(third.base_url, "admin", new_password)
-        assert "Site administration" in page.text
+        assert "Run the market | CloudGPU admin" in page.text  # the signed-in admin index
 
 
 def test_exec_passes_sigterm_on_and_stops_its_services(state_dir: Path) -> None:
@@ -464,7 +464,7 @@ def test_make_run_as_root_works_from_a_checkout_under_a_0700_folder() -> None:
         with runner(state, PYTHONPATH=python_path, HUB_DEMO_AGENT="0", HUB_DEMO_GATEWAY="0") as run:
             assert "Traceback" not in run.text()
             page = _admin_login(run.base_url, "admin", _demo_passwords(run)["admin"])
-            assert "Site administration" in page.text
+            assert "Run the market | CloudGPU admin" in page.text  # the signed-in admin index
             # The cluster lives where its user can reach it; the state folder links to it.
             cluster = (state / "postgres" / "data").resolve()
             assert not cluster.is_relative_to(home)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+import redis
 from django.db import connection
 
 from hub.lib.ports import free_port, wait_for_port
@@ -94,6 +95,7 @@ def hub_stack(
     )
     env = hub_env(**overrides)
     stack = HubStack(web_ports=web_ports, env=env)
+    _forget_earlier_stacks(env)
     with ExitStack() as processes:
         for n, port in enumerate(stack.web_ports):
             log = log_dir / f"web-{n}.log"
@@ -120,6 +122,26 @@ def hub_stack(
         for port in stack.web_ports:
             assert wait_for_port(port, timeout_s=60), f"Daphne on {port} did not listen"
         yield stack
+
+
+# The hub's own keys about hosts (hub/lib/redis_keys.py names): each test's database numbers
+# hosts from 1 again, but these outlive it.
+_HOST_KEYS = ("host-liveness", "host-telemetry-pending", "web-started-at", "storm-hold-since")
+
+
+def _forget_earlier_stacks(env: dict[str, str]) -> None:
+    """Drop what earlier tests' hubs left in the shared Redis about their hosts: deadlines long
+    overdue by now (under ids this test's hosts will reuse), telemetry, and the reconnect-storm
+    marks. A crowd of overdue strangers would look like a storm to this stack's offline sweep
+    (hub/agents/storm.py), which would then hold instead of marking a killed agent offline."""
+    prefix = env.get("REDIS_KEY_PREFIX", "cloudgpu")
+    client = redis.Redis.from_url(env["REDIS_URL"])
+    try:
+        stale = [f"{prefix}:{name}" for name in _HOST_KEYS]
+        stale += client.scan_iter(match=f"{prefix}:reregistrations:*", count=1000)
+        client.delete(*stale)
+    finally:
+        client.close()
 
 
 @contextmanager
