@@ -26,6 +26,15 @@ Django-free, like the rest of ``hub.lib``.
     ``self.connections`` afresh each call and deleting reaped entries from that dict.
     Upstream: https://github.com/django/daphne/issues/192 (very high load with many idle
     websockets, open) is the closest; none is about the checker itself.
+
+``daphne.server.WebSocketFactory`` (a module global, replaced) and ``WebSocketProtocol``'s
+``application_queue`` and ``transport``
+    Daphne puts every incoming WebSocket message on the connection's ``application_queue``,
+    an unbounded asyncio.Queue, however far behind its consumer is; hub.serve swaps in a
+    factory whose protocol stops reading the socket (``transport.pauseProducing()``) while
+    the queue is long, so a sender faster than its consumer waits in TCP instead of in the
+    web process's memory (issue 23's soak: the agent socket's unprocessed log_chunk frames).
+    Daphne 4.2.3 has no option for it; upstream issues were not searched for this change.
 """
 
 from __future__ import annotations
@@ -44,3 +53,8 @@ def replace_http_factory(factory: type) -> None:
 def http_channel_of(protocol: Any) -> HTTPChannel:
     """The ``HTTPChannel`` inside the protocol Twisted's HTTPFactory built."""
     return protocol._channel  # type: ignore[no-any-return]
+
+
+def replace_ws_factory(factory: type) -> None:
+    """Make ``Server.run()`` build ``factory`` (a subclass of Daphne's WebSocketFactory)."""
+    daphne_server.WebSocketFactory = factory
