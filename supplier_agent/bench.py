@@ -155,7 +155,11 @@ def _prompt(rng: random.Random, isl: int) -> str:
 
 
 def _one(
-    options: BenchOptions, endpoint: str, prompt: str, timeout_s: float | None = None
+    options: BenchOptions,
+    endpoint: str,
+    prompt: str,
+    timeout_s: float | None = None,
+    deadline: float | None = None,
 ) -> RequestResult:
     parts = urlsplit(endpoint)
     timeout = options.timeout_s if timeout_s is None else timeout_s
@@ -201,7 +205,19 @@ def _one(
         last: float | None = None
         chunks = 0
         usage_tokens: int | None = None
-        while line := response.readline():
+        while True:
+            if deadline is not None:
+                # The socket's timeout bounds each wait, not the whole stream: a server that
+                # drips a token just inside it would hold the run past its limit.
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    result.error = "cut: the run's time limit passed"
+                    return result
+                if connection.sock is not None:
+                    connection.sock.settimeout(min(timeout, left))
+            line = response.readline()
+            if not line:
+                break
             text = line.decode("utf-8", "replace").strip()
             if not text.startswith("data:"):
                 continue
@@ -269,7 +285,7 @@ def run_bench(
             outcome = RequestResult(ok=False, error="not sent: the run's time limit passed")
         else:
             timeout = options.timeout_s if left is None else min(options.timeout_s, left)
-            outcome = _one(options, endpoint, prompt, timeout)
+            outcome = _one(options, endpoint, prompt, timeout, ends_at)
         with lock:
             results.append(outcome)
 
