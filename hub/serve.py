@@ -26,11 +26,12 @@ from daphne import server as daphne_server
 from daphne.access import AccessLogGenerator
 from daphne.cli import CommandLineInterface
 from daphne.server import Server
+from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
 from django.conf import settings
 from twisted.internet import reactor
 from twisted.internet.task import LoopingCall
 
-from hub.lib.compat_daphne import http_channel_of, replace_http_factory
+from hub.lib.compat_daphne import http_channel_of, replace_http_factory, replace_ws_factory
 from hub.lib.gc_schedule import FullCollections
 from hub.lib.metrics_dir import mark_process_dead
 from hub.lib.redact import redact
@@ -165,6 +166,45 @@ class HeaderDeadlineFactory(daphne_server.HTTPFactory):
 
 # Daphne's Server.run() builds its factory by a module-level name (hub.lib.compat_daphne).
 replace_http_factory(HeaderDeadlineFactory)
+
+
+# Backpressure for WebSockets: Daphne queues every incoming message for the consumer without a
+# bound. A sender faster than its consumer (an agent's log_chunk frames on a loaded hub) grew
+# the web process by what waited: issue 23's soak profiled 22.6 MiB of queued frame texts in
+# 10 minutes. Past WS_QUEUE_PAUSE_AT waiting messages the socket is not read until the queue
+# is down to WS_QUEUE_RESUME_AT; the sender then waits in TCP (the agent's own budgets bound
+# what it keeps). Nothing is dropped.
+WS_QUEUE_PAUSE_AT = 100
+WS_QUEUE_RESUME_AT = 25
+WS_RESUME_POLL_S = 0.02
+
+
+class BoundedWebSocketProtocol(WebSocketProtocol):
+    reading_paused = False
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        super().onMessage(payload, isBinary)
+        queue = getattr(self, "application_queue", None)
+        if queue is not None and not self.reading_paused and queue.qsize() >= WS_QUEUE_PAUSE_AT:
+            self.reading_paused = True
+            self.transport.pauseProducing()
+            reactor.callLater(WS_RESUME_POLL_S, self.resume_when_drained)
+
+    def resume_when_drained(self) -> None:
+        if self.transport is None or not self.reading_paused:
+            return
+        if self.application_queue.qsize() > WS_QUEUE_RESUME_AT:
+            reactor.callLater(WS_RESUME_POLL_S, self.resume_when_drained)
+            return
+        self.reading_paused = False
+        self.transport.resumeProducing()
+
+
+class BoundedWebSocketFactory(WebSocketFactory):
+    protocol = BoundedWebSocketProtocol
+
+
+replace_ws_factory(BoundedWebSocketFactory)
 
 
 class RedactingCommandLineInterface(CommandLineInterface):

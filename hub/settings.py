@@ -130,6 +130,7 @@ INSTALLED_APPS = [
     "hub.billing",
     "hub.catalog",
     "hub.volumes",
+    "hub.benchmarks",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -484,6 +485,29 @@ TUNNEL_URL_SCHEME = env_str("TUNNEL_URL_SCHEME", "https")
 # The edge's port in renters' URLs when it is not the scheme's default (the local trial's
 # http://<id>-i.localhost:8080/); empty: none.
 TUNNEL_URL_PORT = env_str("TUNNEL_URL_PORT")
+# Where the hub's worker connects to reach a rental's URL for a benchmark (host:port of the
+# edge, as curl --connect-to; the URL's host name still goes in Host and TLS): for a worker
+# beside the edge, or one whose DNS does not resolve the tunnel domain. Empty: the URL's host.
+TUNNEL_EDGE_CONNECT = env_str("TUNNEL_EDGE_CONNECT")
+
+# --- Benchmarks against rentals' URLs (hub/benchmarks) ----------------------------------------
+# Bounds on what a renter may ask the worker to send: it must not become a load cannon.
+BENCH_MAX_REQUESTS = env_int("BENCH_MAX_REQUESTS", 200)
+BENCH_MAX_CONCURRENCY = env_int("BENCH_MAX_CONCURRENCY", 8)
+BENCH_MAX_ISL = env_int("BENCH_MAX_ISL", 4096)
+BENCH_MAX_OSL = env_int("BENCH_MAX_OSL", 1024)
+# The whole run, and any one request within it.
+BENCH_MAX_DURATION_S = env_int("BENCH_MAX_DURATION_S", 120)
+# Runs at once on the whole hub: each holds a worker process for up to BENCH_MAX_DURATION_S.
+BENCH_MAX_RUNNING = env_int("BENCH_MAX_RUNNING", 2)
+# Runs kept per lease (the oldest go when a new one is asked for).
+BENCH_RUNS_KEPT = env_int("BENCH_RUNS_KEPT", 20)
+if min(
+    BENCH_MAX_REQUESTS, BENCH_MAX_CONCURRENCY, BENCH_MAX_ISL, BENCH_MAX_OSL, BENCH_MAX_RUNNING
+) < 1 or not (1 <= BENCH_MAX_DURATION_S <= 3600):
+    raise ImproperlyConfigured(
+        "BENCH_MAX_* must be at least 1, and BENCH_MAX_DURATION_S between 1 and 3600"
+    )
 TUNNEL_GATEWAY_SSH_HOST = env_str("TUNNEL_GATEWAY_SSH_HOST")
 TUNNEL_GATEWAY_SSH_PORT = env_int("TUNNEL_GATEWAY_SSH_PORT", 2222)
 TUNNEL_GATEWAY_USER = env_str("TUNNEL_GATEWAY_USER", "cloudgpu-tunnel")

@@ -12,12 +12,14 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 # Words for the random dataset; each is one token for common tokenizers, so a prompt of N
@@ -86,6 +88,41 @@ class BenchOptions:
     api_key: str = ""
     timeout_s: float = 600.0
     seed: int = 0
+    # For the hub's worker (hub/benchmarks): extra request headers (the edge's access token),
+    # a host:port to connect to instead of the URL's host (as curl --connect-to; the Host
+    # header and TLS name stay the URL's), and a limit on the whole run: requests not sent
+    # by then are counted as errors, and none waits past it.
+    headers: tuple[tuple[str, str], ...] = ()
+    connect_to: str = ""
+    max_duration_s: float | None = None
+
+
+class _ConnectToHTTPS(http.client.HTTPSConnection):
+    """HTTPS to ``address`` with the URL's host name for SNI and the certificate check."""
+
+    def __init__(self, host: str, address: tuple[str, int], **kwargs: Any) -> None:
+        super().__init__(host, **kwargs)
+        self._address = address
+
+    def connect(self) -> None:
+        sock = socket.create_connection(self._address, self.timeout)
+        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
+
+
+class _ConnectToHTTP(http.client.HTTPConnection):
+    def __init__(self, host: str, address: tuple[str, int], **kwargs: Any) -> None:
+        super().__init__(host, **kwargs)
+        self._address = address
+
+    def connect(self) -> None:
+        self.sock = socket.create_connection(self._address, self.timeout)
+
+
+def _address(connect_to: str) -> tuple[str, int]:
+    host, sep, port = connect_to.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise BenchError(f"connect_to must be host:port, not {connect_to!r}")
+    return host.strip("[]"), int(port)
 
 
 @dataclass
@@ -117,15 +154,31 @@ def _prompt(rng: random.Random, isl: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(isl))
 
 
-def _one(options: BenchOptions, endpoint: str, prompt: str) -> RequestResult:
+def _one(
+    options: BenchOptions,
+    endpoint: str,
+    prompt: str,
+    timeout_s: float | None = None,
+    deadline: float | None = None,
+) -> RequestResult:
     parts = urlsplit(endpoint)
+    timeout = options.timeout_s if timeout_s is None else timeout_s
     connection: http.client.HTTPConnection
-    if parts.scheme == "https":
+    if options.connect_to and parts.scheme == "https":
+        connection = _ConnectToHTTPS(
+            parts.netloc,
+            _address(options.connect_to),
+            timeout=timeout,
+            context=ssl.create_default_context(),
+        )
+    elif options.connect_to:
+        connection = _ConnectToHTTP(parts.netloc, _address(options.connect_to), timeout=timeout)
+    elif parts.scheme == "https":
         connection = http.client.HTTPSConnection(
-            parts.netloc, timeout=options.timeout_s, context=ssl.create_default_context()
+            parts.netloc, timeout=timeout, context=ssl.create_default_context()
         )
     else:
-        connection = http.client.HTTPConnection(parts.netloc, timeout=options.timeout_s)
+        connection = http.client.HTTPConnection(parts.netloc, timeout=timeout)
     body = {
         "model": options.model,
         "prompt": prompt,
@@ -137,6 +190,7 @@ def _one(options: BenchOptions, endpoint: str, prompt: str) -> RequestResult:
         "ignore_eos": True,
     }
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    headers.update(options.headers)
     if options.api_key:
         headers["Authorization"] = f"Bearer {options.api_key}"
     started = time.perf_counter()
@@ -151,7 +205,19 @@ def _one(options: BenchOptions, endpoint: str, prompt: str) -> RequestResult:
         last: float | None = None
         chunks = 0
         usage_tokens: int | None = None
-        while line := response.readline():
+        while True:
+            if deadline is not None:
+                # The socket's timeout bounds each wait, not the whole stream: a server that
+                # drips a token just inside it would hold the run past its limit.
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    result.error = "cut: the run's time limit passed"
+                    return result
+                if connection.sock is not None:
+                    connection.sock.settimeout(min(timeout, left))
+            line = response.readline()
+            if not line:
+                break
             text = line.decode("utf-8", "replace").strip()
             if not text.startswith("data:"):
                 continue
@@ -200,18 +266,29 @@ def run_bench(
         raise BenchError("--concurrency, --isl, --osl and --requests must be at least 1")
     if options.rate is not None and options.rate <= 0:
         raise BenchError("--rate must be above 0 requests a second")
+    if options.max_duration_s is not None and options.max_duration_s <= 0:
+        raise BenchError("the run's time limit must be above 0 s")
+    if options.connect_to:
+        _address(options.connect_to)
     endpoint = completions_url(options.url)
     rng = random.Random(options.seed)  # noqa: S311 - prompts, not secrets; seeded to repeat
     prompts = [_prompt(rng, options.isl) for _ in range(options.requests)]
     results: list[RequestResult] = []
     lock = threading.Lock()
 
+    started = time.perf_counter()
+    ends_at = None if options.max_duration_s is None else started + options.max_duration_s
+
     def send(prompt: str) -> None:
-        outcome = _one(options, endpoint, prompt)
+        left = None if ends_at is None else ends_at - time.perf_counter()
+        if left is not None and left <= 0:
+            outcome = RequestResult(ok=False, error="not sent: the run's time limit passed")
+        else:
+            timeout = options.timeout_s if left is None else min(options.timeout_s, left)
+            outcome = _one(options, endpoint, prompt, timeout, ends_at)
         with lock:
             results.append(outcome)
 
-    started = time.perf_counter()
     if options.rate is None:
         with ThreadPoolExecutor(options.concurrency) as pool:
             list(pool.map(send, prompts))
@@ -221,6 +298,8 @@ def run_bench(
         with ThreadPoolExecutor(options.requests) as pool:
             for n, prompt in enumerate(prompts):
                 delay = started + n / options.rate - time.perf_counter()
+                if ends_at is not None:
+                    delay = min(delay, ends_at - time.perf_counter())
                 if delay > 0:
                     sleep(delay)
                 pool.submit(send, prompt)
@@ -238,7 +317,11 @@ def run_bench(
         "url": endpoint,
         "model": options.model,
         "mode": "open loop" if options.rate is not None else "closed loop",
-        "settings": {k: v for k, v in asdict(options).items() if k not in ("api_key", "url")},
+        "settings": {
+            k: v
+            for k, v in asdict(options).items()
+            if k not in ("api_key", "url", "headers", "connect_to")
+        },
         "requests": len(results),
         "ok": len(ok),
         "errors": len(errors),

@@ -531,3 +531,52 @@ class SshKeyCreateSerializer(serializers.Serializer):
         help_text="One OpenSSH public key line: ssh-ed25519, ecdsa-sha2-nistp256/384/521, or"
         " ssh-rsa of 2048 bits or more; the comment is kept.",
     )
+
+
+# --- benchmarks (issue 21 item 5) -----------------------------------------------------------
+
+
+class BenchmarkCreateSerializer(serializers.Serializer):
+    model = serializers.CharField(
+        max_length=200, help_text="The model name the rental's server serves."
+    )
+    concurrency = serializers.IntegerField(
+        default=1, min_value=1, help_text="Requests in flight at once (BENCH_MAX_CONCURRENCY)."
+    )
+    isl = serializers.IntegerField(
+        default=128, min_value=1, help_text="Prompt length in words (BENCH_MAX_ISL)."
+    )
+    osl = serializers.IntegerField(
+        default=32, min_value=1, help_text="Tokens to generate per request (BENCH_MAX_OSL)."
+    )
+    requests = serializers.IntegerField(
+        default=32, min_value=1, help_text="Requests in all (BENCH_MAX_REQUESTS)."
+    )
+    port = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=1,
+        max_value=65535,
+        help_text="Which of the lease's ports with a URL; the first when left out.",
+    )
+
+
+class BenchmarkRunSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    lease_id = serializers.UUIDField()
+    state = serializers.CharField()
+    port = serializers.IntegerField()
+    model = serializers.CharField()
+    concurrency = serializers.IntegerField()
+    isl = serializers.IntegerField()
+    osl = serializers.IntegerField()
+    requests = serializers.IntegerField()
+    result = serializers.JSONField(
+        allow_null=True,
+        help_text="Once done: requests_per_s, output_tokens_per_s, ttft_ms and itl_ms (p50, "
+        "p99), ok, errors and error_examples, as `cloudgpu-agent bench --json` prints them.",
+    )
+    error = serializers.CharField(help_text="Why the run failed, if it did.")
+    created_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)

@@ -15,6 +15,7 @@ v1 = [
     path("leases/<uuid:pk>/", views.LeaseDetail.as_view(), name="lease"),
     path("leases/<uuid:pk>/stop/", views.LeaseStop.as_view(), name="lease-stop"),
     path("leases/<uuid:pk>/logs/", views.LeaseLogs.as_view(), name="lease-logs"),
+    path("leases/<uuid:pk>/benchmarks/", views.LeaseBenchmarks.as_view(), name="lease-benchmarks"),
     path("leases/<uuid:pk>/exec/", exec_views.lease_exec, name="lease-exec"),
     path(
         "leases/<uuid:pk>/access-token/",

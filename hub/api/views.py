@@ -13,7 +13,7 @@ from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, status
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -22,6 +22,8 @@ from rest_framework.views import APIView
 from hub.accounts import api_tokens, ssh_keys
 from hub.accounts.models import ApiScope, ApiToken, SshKey
 from hub.api import serializers as s
+from hub.benchmarks import services as benchmarks
+from hub.benchmarks.models import BenchmarkRun
 from hub.billing import payouts
 from hub.billing import services as billing
 from hub.billing.models import LedgerEntry, Payout
@@ -493,6 +495,40 @@ class PayoutCancel(APIView):
             raise ValidationError({"detail": f"payout {payout.pk} is {payout.state} already"})
         payout.refresh_from_db()
         return Response(s.PayoutSerializer(payout).data)
+
+
+class LeaseBenchmarks(APIView):
+    required_scopes = {"GET": ApiScope.READ, "POST": ApiScope.LEASES}
+
+    @extend_schema(
+        summary="A lease's benchmark runs, newest first",
+        responses={200: s.BenchmarkRunSerializer(many=True), **AUTH_ONLY, **NOT_FOUND},
+    )
+    def get(self, request: Request, pk: str) -> Response:
+        lease = get_object_or_404(Lease.objects.filter(renter=request.user), pk=pk)
+        runs = BenchmarkRun.objects.filter(lease=lease)[: settings.BENCH_RUNS_KEPT]
+        return Response(s.BenchmarkRunSerializer(runs, many=True).data)
+
+    @extend_schema(
+        summary="Benchmark a running lease's URL (cloudgpu-agent bench, run by the hub)",
+        description=(
+            "The hub's worker streams completions from the lease's own URL (one of its ports;"
+            " never another address) and keeps the figures on the run. One run at a time per"
+            " lease, within the hub's bounds (BENCH_MAX_*), each at most BENCH_MAX_DURATION_S."
+        ),
+        request=s.BenchmarkCreateSerializer,
+        responses={202: s.BenchmarkRunSerializer, **ERRORS, **NOT_FOUND},
+    )
+    def post(self, request: Request, pk: str) -> Response:
+        data = _valid(s.BenchmarkCreateSerializer, request.data)
+        ask = benchmarks.BenchmarkAsk(**data)
+        try:
+            run = benchmarks.request_benchmark(request.user, pk, ask)
+        except benchmarks.NoSuchLease:
+            raise NotFound("no such lease") from None
+        except benchmarks.BenchmarkRefused as exc:
+            raise ValidationError({"input": [str(exc)]}) from None
+        return Response(s.BenchmarkRunSerializer(run).data, status=status.HTTP_202_ACCEPTED)
 
 
 def _valid(serializer_class: type[Any], data: Any) -> dict[str, Any]:

@@ -37,6 +37,14 @@ Django-free, like the rest of ``hub.lib``.
     gone; ``client_left`` looks into the queue instead. Upstream: ASGI has no "is the client
     still there" call (django/asgiref discussions of ``http.disconnect`` polling are the
     closest); none fits.
+``daphne.server.WebSocketFactory`` (a module global, replaced) and ``WebSocketProtocol``'s
+``application_queue`` and ``transport``
+    Daphne puts every incoming WebSocket message on the connection's ``application_queue``,
+    an unbounded asyncio.Queue, however far behind its consumer is; hub.serve swaps in a
+    factory whose protocol stops reading the socket (``transport.pauseProducing()``) while
+    the queue is long, so a sender faster than its consumer waits in TCP instead of in the
+    web process's memory (issue 23's soak: the agent socket's unprocessed log_chunk frames).
+    Daphne 4.2.3 has no option for it; upstream issues were not searched for this change.
 """
 
 from __future__ import annotations
@@ -71,3 +79,8 @@ def client_left(receive: Callable[[], Any]) -> bool:
         isinstance(message, dict) and message.get("type") == "websocket.disconnect"
         for message in waiting
     )
+
+
+def replace_ws_factory(factory: type) -> None:
+    """Make ``Server.run()`` build ``factory`` (a subclass of Daphne's WebSocketFactory)."""
+    daphne_server.WebSocketFactory = factory

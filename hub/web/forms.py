@@ -17,6 +17,7 @@ from django.core.validators import MaxValueValidator
 from django.db.models import QuerySet
 
 from hub.accounts.models import DEFAULT_API_SCOPES, ApiScope
+from hub.benchmarks import services as benchmarks
 from hub.billing.money import micros_from_units
 from hub.catalog.models import Template
 from hub.catalog.offers import HostFilters
@@ -415,3 +416,34 @@ class SshKeyForm(forms.Form):
         help_text="The line in ~/.ssh/id_ed25519.pub (or id_ecdsa.pub, or an id_rsa.pub of"
         " 2048 bits or more).",
     )
+
+
+class BenchmarkForm(forms.Form):
+    """The lease page's benchmark: bounded by the hub's BENCH_MAX_* settings."""
+
+    model = forms.CharField(max_length=200, help_text="as the server serves it")
+    concurrency = forms.IntegerField(min_value=1, initial=1)
+    isl = forms.IntegerField(min_value=1, initial=128, label="Prompt words (isl)")
+    osl = forms.IntegerField(min_value=1, initial=32, label="Output tokens (osl)")
+    requests = forms.IntegerField(min_value=1, initial=32)
+    port = forms.TypedChoiceField(coerce=int, choices=())
+
+    def __init__(self, *args: Any, ports: list[int], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["port"].choices = [(p, str(p)) for p in ports]  # type: ignore[attr-defined]
+        for name, most in benchmarks.limits().items():
+            field = self.fields[name]
+            field.max_value = most  # type: ignore[attr-defined]
+            field.validators.append(MaxValueValidator(most))
+            field.widget.attrs["max"] = most
+
+    def ask(self) -> benchmarks.BenchmarkAsk:
+        data = self.cleaned_data
+        return benchmarks.BenchmarkAsk(
+            model=data["model"],
+            concurrency=data["concurrency"],
+            isl=data["isl"],
+            osl=data["osl"],
+            requests=data["requests"],
+            port=data["port"],
+        )

@@ -4,7 +4,7 @@ from django.contrib.auth.views import LogoutView
 from django.urls import path
 
 from hub.web import terminal
-from hub.web.views import accounts, api_tokens, renter, ssh_keys, supplier, volumes
+from hub.web.views import accounts, api_tokens, benchmarks, renter, ssh_keys, supplier, volumes
 
 app_name = "web"
 
@@ -18,6 +18,16 @@ urlpatterns = [
     path("leases/<uuid:lease_id>/", renter.lease_detail, name="lease"),
     path("leases/<uuid:lease_id>/panel/", renter.lease_panel, name="lease-panel"),
     path("leases/<uuid:lease_id>/stop/", renter.lease_stop, name="lease-stop"),
+    path(
+        "leases/<uuid:lease_id>/benchmarks/",
+        benchmarks.benchmark_start,
+        name="lease-benchmark-start",
+    ),
+    path(
+        "leases/<uuid:lease_id>/benchmarks/panel/",
+        benchmarks.benchmark_panel,
+        name="lease-benchmarks",
+    ),
     path("leases/<uuid:lease_id>/terminal/", terminal.terminal_page, name="lease-terminal"),
     path(
         "leases/<uuid:lease_id>/access-token/",

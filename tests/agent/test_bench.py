@@ -7,6 +7,9 @@ import json
 import subprocess
 from typing import Any
 
+import pytest
+
+from supplier_agent import bench
 from tests.support.agents import AGENT, agent_env
 from tests.support.openai_server import openai_server
 
@@ -81,3 +84,47 @@ def test_errors_are_counted_and_exit_1() -> None:
 def test_unusable_settings_are_a_usage_error() -> None:
     assert _bench("ftp://example.com").returncode == 2
     assert _bench("http://127.0.0.1:9", "--dataset", "sharegpt").returncode == 2
+
+
+def test_the_hubs_worker_reaches_an_edge_by_address_with_its_headers_and_time_limit() -> None:
+    # hub/benchmarks: the URL's host in the Host header, the connection to another address (the
+    # edge), an extra header (the access token), and no request past the run's time limit.
+    with openai_server(ttft_s=0.0, itl_s=0.0) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        summary = bench.run_bench(
+            bench.BenchOptions(
+                url="http://abc123-i.rentals.invalid:8080/",
+                model="tiny",
+                requests=3,
+                osl=2,
+                isl=4,
+                headers=(("X-CloudGPU-Access", "cgpa_x"),),
+                connect_to=f"127.0.0.1:{port}",
+                max_duration_s=60,
+            )
+        )
+    assert (summary["ok"], summary["errors"]) == (3, 0)
+    assert server.seen.hosts == ["abc123-i.rentals.invalid:8080"] * 3
+    assert server.seen.access == ["cgpa_x"] * 3
+    assert "connect_to" not in summary["settings"]
+    assert "headers" not in summary["settings"]
+
+
+def test_requests_not_sent_within_the_time_limit_are_errors() -> None:
+    with openai_server(ttft_s=0.0, itl_s=0.5) as server:
+        summary = bench.run_bench(
+            bench.BenchOptions(
+                url=server.url, model="tiny", requests=4, osl=4, isl=1, max_duration_s=0.5
+            )
+        )
+    # The first request streams for at least 1.5 s, a token every 0.5 s (each within a read
+    # timeout): it is cut at the limit all the same, and the three after it are never sent.
+    assert summary["requests"] == 4
+    assert summary["ok"] == 0
+    assert "not sent: the run's time limit passed" in summary["error_examples"]
+    assert len(server.seen.max_tokens) <= 1
+
+
+def test_a_bad_connect_to_is_refused() -> None:
+    with pytest.raises(bench.BenchError, match="host:port"):
+        bench.run_bench(bench.BenchOptions(url="http://x:1/", model="m", connect_to="nowhere"))

@@ -20,6 +20,8 @@ class Seen:
     prompts_words: list[int] = field(default_factory=list)
     max_tokens: list[int] = field(default_factory=list)
     authorizations: list[str] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)  # the Host header of each request
+    access: list[str] = field(default_factory=list)  # X-CloudGPU-Access (the edge's token)
     in_flight: int = 0
     peak_in_flight: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -48,6 +50,8 @@ def openai_server(
             authorization = self.headers.get("Authorization", "")
             with seen.lock:
                 seen.authorizations.append(authorization)
+                seen.hosts.append(self.headers.get("Host", ""))
+                seen.access.append(self.headers.get("X-CloudGPU-Access", ""))
             if self.path != "/v1/completions" or (api_key and authorization != f"Bearer {api_key}"):
                 self._plain(401 if self.path == "/v1/completions" else 404, b"no\n")
                 return

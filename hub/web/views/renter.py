@@ -33,6 +33,7 @@ from hub.tunnels import services as tunnels
 from hub.volumes import services as volumes
 from hub.volumes.models import Volume
 from hub.web.forms import OfferFilterForm, RentForm, TopUpRequestForm
+from hub.web.views import benchmarks as benchmark_views
 
 
 def _is_htmx(request: HttpRequest) -> bool:
@@ -162,6 +163,7 @@ def _lease_context(lease: Lease) -> dict[str, Any]:
         "ssh": renter_ssh.lease_access(lease),
         "has_ssh_keys": lease.renter.ssh_keys.exists(),
         "warmup": shlex.join(lease.warmup) if lease.warmup else "",
+        **benchmark_views.panel_context(lease),
     }
 
 
