@@ -81,11 +81,31 @@ def install_log_filter() -> None:
 CHECK_SLICES = 10
 
 
+# The listening socket's accept queue. Twisted's default is 50: when a web process restarts,
+# thousands of agents connect within a second or two, the queue overflowed, and the kernel
+# dropped their SYNs, which clients resend only after 1, 3, 7 s, past the agent's 10 s budget
+# to open a socket (docs/benchmarks.md, issue 18). The kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG = 4096
+
+
+def with_backlog(endpoints: list[str]) -> list[str]:
+    """Daphne's endpoint descriptions (Twisted's strings), TCP ones with LISTEN_BACKLOG unless
+    they name a backlog themselves."""
+    return [
+        f"{e}:backlog={LISTEN_BACKLOG}"
+        if e.startswith(("tcp:", "tcp6:")) and "backlog=" not in e
+        else e
+        for e in endpoints
+    ]
+
+
 class RedactingServer(Server):
     def __init__(self, *args: Any, action_logger: Any = None, **kwargs: Any) -> None:
         # Daphne's CLI builds the access logger around stdout or the --access-log file.
         if isinstance(action_logger, AccessLogGenerator):
             action_logger.stream = RedactingStream(action_logger.stream)
+        if kwargs.get("endpoints"):
+            kwargs["endpoints"] = with_backlog(list(kwargs["endpoints"]))
         super().__init__(*args, action_logger=action_logger, **kwargs)
         self._check_tick = 0
 

@@ -94,3 +94,23 @@ def test_client_left_sees_an_unread_disconnect_and_nothing_else() -> None:
     assert client_left(inbox.get)
     # Not a queue's get (another server): it never claims the client left.
     assert not client_left(lambda: None)
+
+
+def test_daphne_cli_still_hands_the_server_its_endpoints_by_keyword() -> None:
+    # hub.serve gives TCP endpoints a deep accept queue in RedactingServer.__init__'s kwargs:
+    # were they passed another way, a reconnect storm would meet Twisted's backlog of 50 again.
+    from daphne.cli import CommandLineInterface
+
+    assert "endpoints=endpoints," in inspect.getsource(CommandLineInterface.run), _recheck(
+        "CommandLineInterface.run's server_class(endpoints=...)"
+    )
+
+
+def test_tcp_endpoints_get_a_deep_accept_queue_and_others_are_left_alone() -> None:
+    assert serve.with_backlog(
+        ["tcp:port=8000:interface=127.0.0.1", "tcp:port=1:backlog=7", "unix:/run/hub.sock"]
+    ) == [
+        f"tcp:port=8000:interface=127.0.0.1:backlog={serve.LISTEN_BACKLOG}",
+        "tcp:port=1:backlog=7",
+        "unix:/run/hub.sock",
+    ]
