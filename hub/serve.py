@@ -22,7 +22,11 @@ from daphne.cli import CommandLineInterface
 from daphne.server import Server
 from twisted.internet import reactor
 
-from hub.lib.compat_daphne import http_channel_of, replace_http_factory
+from hub.lib.compat_daphne import (
+    http_channel_of,
+    make_autobahn_debug_lines_lazy,
+    replace_http_factory,
+)
 from hub.lib.redact import redact
 
 
@@ -165,6 +169,8 @@ class HeaderDeadlineFactory(daphne_server.HTTPFactory):
 
 # Daphne's Server.run() builds its factory by a module-level name (hub.lib.compat_daphne).
 replace_http_factory(HeaderDeadlineFactory)
+# autobahn pretty-printed every connection's configuration for a debug line never shown.
+make_autobahn_debug_lines_lazy()
 
 
 class RedactingCommandLineInterface(CommandLineInterface):

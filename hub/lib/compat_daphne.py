@@ -37,11 +37,19 @@ Django-free, like the rest of ``hub.lib``.
     gone; ``client_left`` looks into the queue instead. Upstream: ASGI has no "is the client
     still there" call (django/asgiref discussions of ``http.disconnect`` polling are the
     closest); none fits.
+
+``autobahn.websocket.protocol.pformat`` (a module global, replaced; autobahn comes with Daphne)
+    ``WebSocketProtocol._connectionMade`` pretty-prints the connection's whole configuration
+    for a debug line, ``log.debug("\n{attrs}", attrs=pformat(...))``, on every connection,
+    logged or not: 15 % of the web process's event loop during a reconnect storm (py-spy,
+    docs/benchmarks.md). ``lazy_pformat`` formats only if the line is emitted. Upstream: no
+    autobahn issue asks for it to be lazy (searched crossbario/autobahn-python); none fits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import pprint
 from collections.abc import Callable
 from typing import Any
 
@@ -71,3 +79,27 @@ def client_left(receive: Callable[[], Any]) -> bool:
         isinstance(message, dict) and message.get("type") == "websocket.disconnect"
         for message in waiting
     )
+
+
+class LazyPformat:
+    """``pprint.pformat(value)``, computed only when the log line is formatted."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __str__(self) -> str:
+        return pprint.pformat(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+def lazy_pformat(value: object) -> LazyPformat:
+    return LazyPformat(value)
+
+
+def make_autobahn_debug_lines_lazy() -> None:
+    """Replace the ``pformat`` autobahn's WebSocket protocol calls for its debug lines."""
+    from autobahn.websocket import protocol
+
+    setattr(protocol, "pformat", lazy_pformat)  # noqa: B010 (a module global, replaced)
