@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -51,6 +52,14 @@ def redis_clients_by_process(url: str, hub: common.Hub) -> dict[str, int]:
         if conn.raddr and conn.raddr.port == port and conn.pid in names:
             counts[names[conn.pid]] = counts.get(names[conn.pid], 0) + 1
     return counts
+
+
+def _merged(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for one in counts:
+        for reason, n in one.items():
+            total[reason] = total.get(reason, 0) + n
+    return dict(sorted(total.items(), key=lambda kv: -kv[1])[:8])
 
 
 def offline_transitions(url: str) -> int:
@@ -110,6 +119,7 @@ def main() -> None:
                 "all_back_after_listening_s": round(last - listening, 1),
                 "daphne_restart_s": round(listening - stopped, 1),
                 "failed_connect_attempts": sum(m["failed"] for m in back.values()),
+                "failure_reasons": _merged(m.get("failure_reasons", {}) for m in back.values()),
                 "redis_connections_after": redis_clients(env["REDIS_URL"], exclude),
             })  # fmt: skip
             time.sleep(20)

@@ -79,6 +79,7 @@ class SwarmState:
     drops: int = 0
     drop_codes: dict[str, int] = field(default_factory=dict)
     failed_connects: int = 0
+    failure_reasons: dict[str, int] = field(default_factory=dict)
     storm_at: float | None = None
     back: set[int] = field(default_factory=set)
     all_back: asyncio.Event = field(default_factory=asyncio.Event)
@@ -165,10 +166,12 @@ async def _agent(index: int, state: SwarmState) -> None:
             await _session(index, agent_id, state)
         except Dropped:
             pass
-        except (OSError, InvalidHandshake, ConnectionClosed, TimeoutError):
+        except (OSError, InvalidHandshake, ConnectionClosed, TimeoutError) as exc:
             if state.closing:
                 return
             state.failed_connects += 1
+            reason = f"{type(exc).__name__}: {str(exc)[:60]}"
+            state.failure_reasons[reason] = state.failure_reasons.get(reason, 0) + 1
         if time.monotonic() - started > STABLE_CONNECTION_S:
             attempt = 0
         delay = random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**attempt))  # noqa: S311
@@ -227,7 +230,10 @@ async def _commands(state: SwarmState, tasks: list[asyncio.Task[None]]) -> None:
 
 async def _report_back(state: SwarmState) -> None:
     await state.all_back.wait()
-    emit({"event": "all_back", "at": time.time(), "failed": state.failed_connects})
+    emit({
+        "event": "all_back", "at": time.time(), "failed": state.failed_connects,
+        "failure_reasons": dict(sorted(state.failure_reasons.items(), key=lambda kv: -kv[1])[:8]),
+    })  # fmt: skip
 
 
 async def _report_connected(state: SwarmState) -> None:

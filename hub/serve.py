@@ -31,7 +31,12 @@ from django.conf import settings
 from twisted.internet import reactor
 from twisted.internet.task import LoopingCall
 
-from hub.lib.compat_daphne import http_channel_of, replace_http_factory, replace_ws_factory
+from hub.lib.compat_daphne import (
+    http_channel_of,
+    make_autobahn_debug_lines_lazy,
+    replace_http_factory,
+    replace_ws_factory,
+)
 from hub.lib.gc_schedule import FullCollections
 from hub.lib.metrics_dir import mark_process_dead
 from hub.lib.redact import redact
@@ -102,11 +107,31 @@ def install_log_filter() -> None:
 CHECK_SLICES = 10
 
 
+# The listening socket's accept queue. Twisted's default is 50: when a web process restarts,
+# thousands of agents connect within a second or two, the queue overflowed, and the kernel
+# dropped their SYNs, which clients resend only after 1, 3, 7 s, past the agent's 10 s budget
+# to open a socket (docs/benchmarks.md, issue 18). The kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG = 4096
+
+
+def with_backlog(endpoints: list[str]) -> list[str]:
+    """Daphne's endpoint descriptions (Twisted's strings), TCP ones with LISTEN_BACKLOG unless
+    they name a backlog themselves."""
+    return [
+        f"{e}:backlog={LISTEN_BACKLOG}"
+        if e.startswith(("tcp:", "tcp6:")) and "backlog=" not in e
+        else e
+        for e in endpoints
+    ]
+
+
 class RedactingServer(Server):
     def __init__(self, *args: Any, action_logger: Any = None, **kwargs: Any) -> None:
         # Daphne's CLI builds the access logger around stdout or the --access-log file.
         if isinstance(action_logger, AccessLogGenerator):
             action_logger.stream = RedactingStream(action_logger.stream)
+        if kwargs.get("endpoints"):
+            kwargs["endpoints"] = with_backlog(list(kwargs["endpoints"]))
         super().__init__(*args, action_logger=action_logger, **kwargs)
         self._check_tick = 0
 
@@ -166,6 +191,8 @@ class HeaderDeadlineFactory(daphne_server.HTTPFactory):
 
 # Daphne's Server.run() builds its factory by a module-level name (hub.lib.compat_daphne).
 replace_http_factory(HeaderDeadlineFactory)
+# autobahn pretty-printed every connection's configuration for a debug line never shown.
+make_autobahn_debug_lines_lazy()
 
 
 # Backpressure for WebSockets: Daphne queues every incoming message for the consumer without a

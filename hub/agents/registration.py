@@ -13,7 +13,7 @@ from datetime import datetime
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -157,6 +157,49 @@ def _apply(
     host.channel_name = channel_name
 
 
+# Postgres types of _HOST_FIELDS for the VALUES list of _update_hosts.
+_HOST_FIELD_TYPES = {
+    "machine_id": "text",
+    "token": "bigint",
+    "hostname": "text",
+    "os": "text",
+    "arch": "text",
+    "cpu_model": "text",
+    "cpu_count": "integer",
+    "ram_bytes": "bigint",
+    "disk_free_bytes": "bigint",
+    "driver_version": "text",
+    "cuda_version": "text",
+    "agent_version": "text",
+    "runtime": "text",
+    "last_seen_at": "timestamptz",
+    "offline_after": "timestamptz",
+    "channel_name": "text",
+}
+
+
+def _update_hosts(hosts: list[Host]) -> None:
+    """One ``UPDATE ... FROM (VALUES ...)`` for a batch's host rows. Django's bulk_update
+    writes a CASE per field and row instead: measured as most of a batch's Python time."""
+    fields = [Host._meta.get_field(name) for name in _HOST_FIELDS]
+    columns = [field.column for field in fields]  # type: ignore[union-attr]
+    row = "(%s::bigint, " + ", ".join(f"%s::{_HOST_FIELD_TYPES[n]}" for n in _HOST_FIELDS) + ")"
+    params: list[object] = []
+    for host in hosts:
+        params.append(host.pk)
+        params += [getattr(host, field.attname) for field in fields]  # type: ignore[union-attr]
+    quote = connection.ops.quote_name
+    sets = ", ".join(f"{quote(c)} = v.{quote(c)}" for c in columns)
+    # Only the model's own table and column names are formatted in; every value is a parameter.
+    sql = (
+        f"UPDATE {quote(Host._meta.db_table)} AS h SET {sets} "  # noqa: S608
+        f"FROM (VALUES {', '.join([row] * len(hosts))}) "
+        f"AS v(id, {', '.join(quote(c) for c in columns)}) WHERE h.id = v.id"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
 @dataclass(frozen=True)
 class Request:
     """One socket's registration, for ``register_many``."""
@@ -277,7 +320,7 @@ def _register_fast(
                 default_price = token.default_price_per_hour_micros
             gpus += [_reported_gpu(host, g, now, default_price) for g in request.message.gpus]
             reported[host.pk] = [g.index for g in request.message.gpus]
-        Host.objects.bulk_update([host for _, host, _ in chosen.values()], _HOST_FIELDS)
+        _update_hosts([host for _, host, _ in chosen.values()])
         if gpus:
             Gpu.objects.bulk_create(
                 gpus,

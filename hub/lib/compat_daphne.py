@@ -45,11 +45,19 @@ Django-free, like the rest of ``hub.lib``.
     the queue is long, so a sender faster than its consumer waits in TCP instead of in the
     web process's memory (issue 23's soak: the agent socket's unprocessed log_chunk frames).
     Daphne 4.2.3 has no option for it; upstream issues were not searched for this change.
+
+``autobahn.websocket.protocol.pformat`` (a module global, replaced; autobahn comes with Daphne)
+    ``WebSocketProtocol._connectionMade`` pretty-prints the connection's whole configuration
+    for a debug line, ``log.debug("\n{attrs}", attrs=pformat(...))``, on every connection,
+    logged or not: 15 % of the web process's event loop during a reconnect storm (py-spy,
+    docs/benchmarks.md). ``lazy_pformat`` formats only if the line is emitted. Upstream: no
+    autobahn issue asks for it to be lazy (searched crossbario/autobahn-python); none fits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import pprint
 from collections.abc import Callable
 from typing import Any
 
@@ -84,3 +92,27 @@ def client_left(receive: Callable[[], Any]) -> bool:
 def replace_ws_factory(factory: type) -> None:
     """Make ``Server.run()`` build ``factory`` (a subclass of Daphne's WebSocketFactory)."""
     daphne_server.WebSocketFactory = factory
+
+
+class LazyPformat:
+    """``pprint.pformat(value)``, computed only when the log line is formatted."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __str__(self) -> str:
+        return pprint.pformat(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+def lazy_pformat(value: object) -> LazyPformat:
+    return LazyPformat(value)
+
+
+def make_autobahn_debug_lines_lazy() -> None:
+    """Replace the ``pformat`` autobahn's WebSocket protocol calls for its debug lines."""
+    from autobahn.websocket import protocol
+
+    setattr(protocol, "pformat", lazy_pformat)  # noqa: B010 (a module global, replaced)

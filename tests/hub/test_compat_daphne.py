@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import pprint
 from collections import deque
 
 import daphne
@@ -19,7 +20,7 @@ from daphne.ws_protocol import WebSocketProtocol
 from twisted.web.http import HTTPChannel
 
 from hub import serve
-from hub.lib.compat_daphne import client_left, http_channel_of
+from hub.lib.compat_daphne import client_left, http_channel_of, lazy_pformat
 
 
 def _recheck(what: str) -> str:
@@ -94,3 +95,42 @@ def test_client_left_sees_an_unread_disconnect_and_nothing_else() -> None:
     assert client_left(inbox.get)
     # Not a queue's get (another server): it never claims the client left.
     assert not client_left(lambda: None)
+
+
+def test_daphne_cli_still_hands_the_server_its_endpoints_by_keyword() -> None:
+    # hub.serve gives TCP endpoints a deep accept queue in RedactingServer.__init__'s kwargs:
+    # were they passed another way, a reconnect storm would meet Twisted's backlog of 50 again.
+    from daphne.cli import CommandLineInterface
+
+    assert "endpoints=endpoints," in inspect.getsource(CommandLineInterface.run), _recheck(
+        "CommandLineInterface.run's server_class(endpoints=...)"
+    )
+
+
+def test_tcp_endpoints_get_a_deep_accept_queue_and_others_are_left_alone() -> None:
+    assert serve.with_backlog(
+        ["tcp:port=8000:interface=127.0.0.1", "tcp:port=1:backlog=7", "unix:/run/hub.sock"]
+    ) == [
+        f"tcp:port=8000:interface=127.0.0.1:backlog={serve.LISTEN_BACKLOG}",
+        "tcp:port=1:backlog=7",
+        "unix:/run/hub.sock",
+    ]
+
+
+def test_autobahn_still_pretty_prints_each_connections_config_through_its_pformat_global() -> None:
+    # hub.serve makes that pformat lazy: were it called another way, every connection would
+    # pay for a debug line again (15 % of the loop in a reconnect storm).
+    from autobahn.websocket import protocol
+
+    assert "attrs=pformat(configAttrLog)" in inspect.getsource(
+        protocol.WebSocketProtocol._connectionMade
+    ), _recheck("autobahn WebSocketProtocol._connectionMade's pformat")
+    assert protocol.pformat is lazy_pformat, _recheck("autobahn.websocket.protocol.pformat")
+
+
+def test_lazy_pformat_formats_only_when_asked() -> None:
+    value = [("openHandshakeTimeout", 5, "Factory")]
+    lazy = lazy_pformat(value)
+    assert lazy.value is value
+    assert f"\n{lazy}" == "\n" + pprint.pformat(value)
+    assert format(lazy, "") == pprint.pformat(value)

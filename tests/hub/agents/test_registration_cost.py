@@ -5,6 +5,7 @@ savepoints are not statements of the registration's logic and are left out."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterator
 
@@ -159,3 +160,20 @@ def test_a_batch_answers_each_request_as_register_host_would() -> None:
     assert Host.objects.get(pk=joined.host_id).status == Host.Status.ONLINE
     # The sockets these registrations replaced are named for the caller to tell.
     assert sorted(result.superseded) == sorted(f"old-{r.message.agent_id}" for r in back)
+
+
+def test_a_batch_keeps_the_machine_facts_a_reconnect_reports() -> None:
+    """Issue 20's host details go through the batch's one UPDATE too (and an older agent's
+    register, without them, leaves them unknown)."""
+    token, _ = f.make_token()
+    back = _reconnects(token, 2)
+    newer = dataclasses.replace(
+        back[0].message, disk_free_bytes=321 * 1024**3, driver_version="560.35", cuda_version="12.6"
+    )
+    _, result = _batch([dataclasses.replace(back[0], message=newer), back[1]])
+    first, second = result.outcomes
+    assert isinstance(first, registration.Registered)
+    assert isinstance(second, registration.Registered)
+    facts = Host.objects.values_list("disk_free_bytes", "driver_version", "cuda_version")
+    assert facts.get(pk=first.host_id) == (321 * 1024**3, "560.35", "12.6")
+    assert facts.get(pk=second.host_id) == (None, "", "")
