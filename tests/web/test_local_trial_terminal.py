@@ -11,14 +11,11 @@ from typing import Any
 
 from hub.lib.ports import free_port
 from tests.hub.test_runner import _demo_passwords, _root_owned_state, runner
+from tests.support import terminal_page
 from tests.support.gateway import require_gateway
 from tests.support.polling import wait_for
 
 TIMEOUT_MS = 120_000
-
-
-def _screen(page: Any) -> str:
-    return str(page.locator("#terminal .xterm-rows").inner_text())
 
 
 def test_a_newcomer_rents_in_the_local_trial_and_uses_the_url_and_the_terminal(
@@ -72,40 +69,11 @@ def test_a_newcomer_rents_in_the_local_trial_and_uses_the_url_and_the_terminal(
         expect(terminal.locator("#terminal-latency")).to_contain_text(
             "round trip to the host", timeout=30_000
         )
-        terminal.locator("#terminal").click()
-        terminal.keyboard.type("echo hi && nvidia-smi || uname -a\n")
-        expect(terminal.locator("#terminal .xterm-rows")).to_contain_text("Linux", timeout=60_000)
-        assert "hi" in _screen(terminal)
-
-        terminal.keyboard.type("stty size\n")
-        wait_for(lambda: "stty size" in _screen(terminal), timeout_s=30, what="the first size")
-        first = _screen(terminal).split("stty size")[-1].split()[:2]
-        terminal.set_viewport_size({"width": 700, "height": 500})
-        terminal.keyboard.type("clear; stty size\n")
-        wait_for(
-            lambda: (rows := _screen(terminal).split("stty size")[-1].split()[:2])
-            and len(rows) == 2
-            and rows != first,
-            timeout_s=30,
-            what="the new size",
-        )
-
-        terminal.keyboard.type("sleep 600\n")
+        terminal_page.runs_a_command(terminal)
+        terminal_page.resizes(terminal)
         container = docker_client.containers.list(filters={"label": f"cloudgpu.lease={lease_id}"})[
             0
         ]
-        wait_for(
-            lambda: any("sleep 600" in row[-1] for row in container.top()["Processes"]),
-            timeout_s=30,
-            what="sleep to run",
-        )
-        terminal.keyboard.press("Control+C")
-        wait_for(
-            lambda: not any("sleep 600" in row[-1] for row in container.top()["Processes"]),
-            timeout_s=30,
-            what="Ctrl-C to end sleep",
-        )
-        terminal.keyboard.type("echo back-$((6*7))\n")
-        expect(terminal.locator("#terminal .xterm-rows")).to_contain_text("back-42", timeout=60_000)
+        terminal_page.ctrl_c_interrupts(terminal, container)
         screenshot(terminal, "local-trial-terminal")
         context.close()

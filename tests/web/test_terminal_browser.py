@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from hub.accounts.models import User
+from tests.support import terminal_page
 from tests.support.control_plane import lease_state, start_lease
 from tests.support.docker_agent import docker_agent_online
 from tests.support.hub_stack import hub_stack
@@ -20,11 +21,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.docker]
 
 PASSWORD = "correct-Horse-battery-9"
 TIMEOUT_MS = 45_000
-
-
-def _screen(page: Any) -> str:
-    """What the terminal shows, row by row (xterm's DOM renderer keeps each row as text)."""
-    return str(page.locator("#terminal .xterm-rows").inner_text())
 
 
 def test_a_renter_runs_commands_in_their_rental_from_the_browser(
@@ -66,42 +62,12 @@ def test_a_renter_runs_commands_in_their_rental_from_the_browser(
             lambda m: blocked.append(m.text) if "Content Security Policy" in m.text else None,
         )
         expect(terminal.locator("#terminal-status")).to_have_text("Connected.", timeout=TIMEOUT_MS)
-        terminal.locator("#terminal").click()
-        terminal.keyboard.type("echo hi && nvidia-smi || uname -a\n")
-        expect(terminal.locator("#terminal .xterm-rows")).to_contain_text(
-            "Linux", timeout=TIMEOUT_MS
-        )
-        assert "hi" in _screen(terminal)
-
-        # A smaller window: the shell hears the new size.
-        terminal.keyboard.type("stty size\n")
-        wait_for(lambda: "stty size" in _screen(terminal), timeout_s=30, what="the first size")
-        first = _screen(terminal).split("stty size")[-1].split()[:2]
-        terminal.set_viewport_size({"width": 700, "height": 500})
-        terminal.keyboard.type("clear; stty size\n")
-        wait_for(
-            lambda: (rows := _screen(terminal).split("stty size")[-1].split()[:2])
-            and len(rows) == 2
-            and rows != first,
-            timeout_s=30,
-            what="the new size",
-        )
-
-        # Ctrl-C interrupts the program in the foreground, and the shell answers again.
-        terminal.keyboard.type("sleep 600\n")
+        terminal_page.runs_a_command(terminal)
+        terminal_page.resizes(terminal)
         container = docker_client.containers.list(filters={"label": f"cloudgpu.lease={lease_id}"})[
             0
         ]
-        wait_for(
-            lambda: any("sleep 600" in row[-1] for row in container.top()["Processes"]),
-            timeout_s=30,
-            what="sleep to run",
-        )
-        terminal.keyboard.press("Control+C")
-        terminal.keyboard.type("echo back-$((6*7))\n")
-        expect(terminal.locator("#terminal .xterm-rows")).to_contain_text(
-            "back-42", timeout=TIMEOUT_MS
-        )
+        terminal_page.ctrl_c_interrupts(terminal, container)
         screenshot(terminal, "terminal")
         terminal.keyboard.type("exit 4\n")
         expect(terminal.locator("#terminal-status")).to_contain_text(
