@@ -181,15 +181,9 @@ class HubUserAdmin(BalanceAdminMixin, UserAdmin):
     list_display = (*UserAdmin.list_display, "balance")
 
 
-@admin.register(TopUpRequest)
-class TopUpRequestAdmin(admin.ModelAdmin):
-    """The queue of renters' requests; each is answered from the person's own page."""
-
-    list_display = ("created_at", "account", "amount", "note", "state", "answer")
-    list_filter = ("state",)
-    list_select_related = ("account",)
-    search_fields = ("account__username", "note")
-    readonly_fields = [field.name for field in TopUpRequest._meta.fields]
+class _MoneyRequestAdmin(admin.ModelAdmin):
+    """A queue of people's money requests (top-ups, payouts): read-only lists, each answered
+    through its own page, never edited in place."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -201,8 +195,19 @@ class TopUpRequestAdmin(admin.ModelAdmin):
         return False
 
     @admin.display(description="amount", ordering="amount_micros")
-    def amount(self, entry: TopUpRequest) -> str:
-        return format_micros(entry.amount_micros, cents=True)
+    def amount(self, request_row: TopUpRequest | Payout) -> str:
+        return format_micros(request_row.amount_micros, cents=True)
+
+
+@admin.register(TopUpRequest)
+class TopUpRequestAdmin(_MoneyRequestAdmin):
+    """The queue of renters' requests; each is answered from the person's own page."""
+
+    list_display = ("created_at", "account", "amount", "note", "state", "answer")
+    list_filter = ("state",)
+    list_select_related = ("account",)
+    search_fields = ("account__username", "note")
+    readonly_fields = [field.name for field in TopUpRequest._meta.fields]
 
     @admin.display(description="")
     def answer(self, entry: TopUpRequest) -> str:
@@ -213,7 +218,7 @@ class TopUpRequestAdmin(admin.ModelAdmin):
 
 
 @admin.register(Payout)
-class PayoutAdmin(admin.ModelAdmin):
+class PayoutAdmin(_MoneyRequestAdmin):
     """Suppliers' payout requests: send the money, then mark each paid with the reference."""
 
     list_display = ("requested_at", "account", "amount", "state", "reference", "paid_at", "pay")
@@ -221,19 +226,6 @@ class PayoutAdmin(admin.ModelAdmin):
     list_select_related = ("account",)
     search_fields = ("account__username", "reference")
     readonly_fields = [field.name for field in Payout._meta.fields]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
-        return False
-
-    @admin.display(description="amount", ordering="amount_micros")
-    def amount(self, payout: Payout) -> str:
-        return format_micros(payout.amount_micros, cents=True)
 
     @admin.display(description="")
     def pay(self, payout: Payout) -> str:
