@@ -36,6 +36,9 @@ RUN DEBUG=1 DATABASE_URL=postgres://build@localhost/build REDIS_URL=redis://loca
     python manage.py collectstatic --noinput --verbosity 0 && \
     DEBUG=1 DATABASE_URL=postgres://build@localhost/build REDIS_URL=redis://localhost:6379/0 \
     python manage.py build_agent_wheel && chown -R cloudgpu:cloudgpu /app/agent-dist
+# The shared metrics folder (docker-compose.yml's `metrics` volume takes this owner and mode
+# when it is created).
+RUN install -d -o cloudgpu -g cloudgpu -m 0700 /var/lib/cloudgpu-metrics
 
 USER cloudgpu
 EXPOSE 8000

@@ -9,11 +9,15 @@ from typing import Any
 from celery import Celery
 from celery.signals import setup_logging
 
+from hub.lib.metrics_dir import sweep
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hub.settings")
 # The metrics folder must exist before the first metric is made (hub/lib/metrics_dir.py); the
-# worker and beat may start before the web process that would make it.
+# worker and beat may start before the web process that would make it. Processes that used it
+# before (this container's previous run) are folded into its archive now.
 if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], mode=0o700, exist_ok=True)
+    sweep(os.environ["PROMETHEUS_MULTIPROC_DIR"])
 
 app = Celery("hub")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -455,8 +455,9 @@ def serve(state: Path, host: str, port: int, web: int = 1) -> int:
         while not stop.wait(0.5):
             supervisor.restart_exited(
                 lambda line: print(f"hub runner: {line}", flush=True),
-                # A dead web process's connected agents leave the livesum gauge with it.
-                died=lambda pid: metrics.mark_process_dead(pid, env[metrics.MULTIPROC_ENV]),
+                # A dead web process's connected agents leave the livesum gauge with it (the
+                # next scrape would sweep too; this is sooner).
+                died=lambda pid: metrics.sweep(env[metrics.MULTIPROC_ENV]),
             )
         return 0
     except _StopRequested:

@@ -38,7 +38,7 @@ from hub.lib.compat_daphne import (
     replace_ws_factory,
 )
 from hub.lib.gc_schedule import FullCollections
-from hub.lib.metrics_dir import mark_process_dead
+from hub.lib.metrics_dir import sweep
 from hub.lib.redact import redact
 
 
@@ -371,14 +371,12 @@ def install_snapshot_signal() -> None:
 
 def ensure_metrics_dir() -> None:
     """The multiprocess metrics folder (PROMETHEUS_MULTIPROC_DIR), if one is set, must exist
-    before the first metric is made; ``hub.runner serve`` empties it at start, and a deployment
-    that shares it between web, worker and beat empties it there (README, "Metrics")."""
+    before the first metric is made. Processes that used it before this one (a container's
+    previous run) are folded into its archive now rather than at the first scrape."""
     folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if folder:
         os.makedirs(folder, mode=0o700, exist_ok=True)
-        # A process before this one may have had this pid (a container restarted: pid 1
-        # again) and died without its live gauges removed: they would start at its values.
-        mark_process_dead(os.getpid(), folder)
+        sweep(folder)
 
 
 def main(argv: list[str] | None = None) -> None:

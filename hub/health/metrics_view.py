@@ -18,13 +18,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    REGISTRY,
-    CollectorRegistry,
-    generate_latest,
-    multiprocess,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 from hub.fleet.metrics import FleetCollector
 from hub.lib import metrics, metrics_dir
@@ -49,10 +43,9 @@ def allowed(request: HttpRequest) -> bool:
 
 def _registry() -> CollectorRegistry:
     if metrics_dir.multiproc_dir() is None:
-        registry = REGISTRY  # one process: its own values
-    else:
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        return REGISTRY  # one process: its own values
+    # Every process sharing the folder, live or dead, in any container (hub/lib/metrics_dir.py).
+    registry: CollectorRegistry = metrics_dir.registry()
     return registry
 
 

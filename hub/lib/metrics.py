@@ -4,8 +4,10 @@ prometheus_client (the Prometheus project's own Python client) in its multiproce
 ``PROMETHEUS_MULTIPROC_DIR`` set, each process (Daphne, the Celery worker and its children,
 beat) writes its values into memory-mapped files in that folder, and ``/metrics``
 (hub/health/metrics_view.py) adds them up. ``hub.runner serve`` sets the folder for every
-process it starts and empties it first (hub/lib/metrics_dir.py); without it each process
-keeps its own values, which is what a test or a one-process hub needs.
+process it starts and empties it first; docker-compose.yml shares one volume between its
+containers. hub/lib/metrics_dir.py names each process's files so that processes of different
+containers never share one, and folds dead processes' files into one archive. Without the
+folder each process keeps its own values, which is what a test or a one-process hub needs.
 
 Cardinality is bounded by construction: no label here takes a host, lease, user or command id,
 or a GPU model name (the fleet gauges per model are computed at scrape time, top N plus
@@ -16,6 +18,11 @@ memory-mapped file under a per-value lock: no syscall, no file lock, safe on the
 from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
+
+from hub.lib import metrics_dir
+
+# Before the first metric: its files must carry this process's identifier, not its pid.
+metrics_dir.use_shared_folder()
 
 # Handling takes milliseconds; the buckets resolve 0.5 ms to 2.5 s.
 _FAST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)

@@ -51,6 +51,13 @@ except urllib.error.HTTPError as error:
 """
 
 
+# Run inside a web replica: its own /metrics over loopback (METRICS_ALLOW_IPS' default).
+_READ_METRICS = """
+import urllib.request
+print(urllib.request.urlopen("http://127.0.0.1:8000/metrics", timeout=30).read().decode())
+"""
+
+
 def _unavailable(reason: str) -> None:
     if os.environ.get("CLOUDGPU_REQUIRE_DOCKER") == "1":
         pytest.fail(f"CLOUDGPU_REQUIRE_DOCKER=1 but {reason}")
@@ -186,6 +193,46 @@ def _call_replica(stack: Stack, container: str, token: str, path: str, body: obj
     return dict(json.loads(result.stdout))
 
 
+def _replica_metrics(container: str) -> dict[str, float]:
+    """A web replica's /metrics, asked from inside it (loopback may read it), unlabelled
+    samples and ``registrations_ok``."""
+    result = subprocess.run(
+        ["docker", "exec", "-i", container, "python", "-c", _READ_METRICS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    values: dict[str, float] = {}
+    for line in result.stdout.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name == 'cloudgpu_agent_registrations_total{outcome="ok"}':
+            values["registrations_ok"] = float(value)
+        elif name and "{" not in name and not name.startswith("#"):
+            values[name] = float(value)
+    return values
+
+
+def _metric_writers(stack: Stack) -> set[str]:
+    """The hostnames (containers) whose processes have files in the shared metrics folder."""
+    names = stack.run("exec", "-T", "web", "ls", "/var/lib/cloudgpu-metrics").split()
+    return {
+        name.rsplit("_", 1)[1].removesuffix(".db").rsplit("-", 2)[0]
+        for name in names
+        if name.endswith(".db") and not name.endswith("_archive.db")
+    }
+
+
+def _hostname(container: str) -> str:
+    return subprocess.run(
+        ["docker", "inspect", "--format", "{{.Config.Hostname}}", container],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.strip()
+
+
 def _lease_state(renter: httpx.Client, lease_id: str, state: str) -> bool:
     return renter.get(f"/api/v1/leases/{lease_id}/").json()["state"] == state
 
@@ -281,3 +328,41 @@ def test_compose_runs_the_hub_and_a_rental_works_through_it(stack: Stack, tmp_pa
                     timeout_s=90,
                     what=f"the lease stopped through {stops[:12]} ended",
                 )
+
+            # Each replica's /metrics adds up every container's processes (the `metrics`
+            # volume): the worker's telemetry flushes and billing runs, the agent's socket
+            # and registration on whichever replica holds it.
+            for web in webs:
+                values = wait_for(
+                    lambda web=web: (
+                        v
+                        if (v := _replica_metrics(web)).get("cloudgpu_billing_ticks_total", 0) > 0
+                        and v.get("cloudgpu_telemetry_flush_seconds_count", 0) > 0
+                        else None
+                    ),
+                    timeout_s=150,
+                    what=f"the worker's flushes and billing runs in {web[:12]}'s /metrics",
+                )
+                assert values["cloudgpu_agents_connected"] == 1, values
+                assert values["registrations_ok"] >= 1, values
+            # Files from every web replica, the worker and beat, each under its container's
+            # name (every one of them has pid 1 in its own container).
+            hub_containers = [*webs, *stack.containers("worker"), *stack.containers("beat")]
+            assert {_hostname(c) for c in hub_containers} <= _metric_writers(stack)
+
+            # A restarted worker (same hostname, pid 1 again) adds to the counts: its
+            # predecessor's files are folded into the archive, none are taken over or lost.
+            before = _replica_metrics(webs[0])
+            stack.run("restart", "worker", timeout=120)
+            after = _replica_metrics(webs[1])
+            for name in ("cloudgpu_billing_ticks_total", "cloudgpu_telemetry_flush_seconds_count"):
+                assert after[name] >= before[name], (name, before, after)
+            flushes = after["cloudgpu_telemetry_flush_seconds_count"]
+            wait_for(
+                lambda: _replica_metrics(webs[1])["cloudgpu_telemetry_flush_seconds_count"]
+                > flushes,
+                timeout_s=120,
+                what="the restarted worker's flushes counted on top of the last one's",
+            )
+            archived = stack.run("exec", "-T", "web", "ls", "/var/lib/cloudgpu-metrics").split()
+            assert "counter_archive.db" in archived, archived
