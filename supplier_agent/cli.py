@@ -104,7 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         default=os.environ.get("CLOUDGPU_METRICS") or None,
         help="serve Prometheus metrics (GPUs as dcgm-exporter names them, the agent's state) "
-        "at http://HOST:PORT/metrics, e.g. 127.0.0.1:9835; off by default",
+        "at http://HOST:PORT/metrics, e.g. 127.0.0.1:9835; off by default. An address other "
+        "than loopback needs a token (--metrics-token-file, CLOUDGPU_METRICS_TOKEN_FILE or "
+        "CLOUDGPU_METRICS_TOKEN)",
+    )
+    # The token itself is never an argument: the process list shows arguments to every user.
+    run.add_argument(
+        "--metrics-token-file",
+        metavar="PATH",
+        help="a file whose first line is the bearer token scrapes must send (16+ characters)",
     )
     run.add_argument("--hub")
     run.add_argument("--runtime", choices=RUNTIMES)
@@ -308,7 +316,9 @@ def _setup_logging(level: str) -> None:
     logging.getLogger("websockets").setLevel(logging.WARNING)
 
 
-def cmd_run(config: AgentConfig, metrics_address: str | None = None) -> int:
+def cmd_run(
+    config: AgentConfig, metrics_address: str | None = None, metrics_token_file: str | None = None
+) -> int:
     from supplier_agent.agent import Agent
     from supplier_agent.logjson import bind
     from supplier_agent.state import AgentState, lock_state_dir
@@ -335,10 +345,11 @@ def cmd_run(config: AgentConfig, metrics_address: str | None = None) -> int:
                     getattr(runtime, "nvml", None),
                     getattr(runtime, "health", None),
                 ),
+                token=metrics.read_token(metrics_token_file, os.environ),
             )
-        except (metrics.MetricsAddressError, OSError) as exc:
+        except (metrics.MetricsSetupError, OSError) as exc:
             print(f"cloudgpu-agent: cannot serve metrics: {exc}", file=sys.stderr)
-            return EXIT_USAGE if isinstance(exc, metrics.MetricsAddressError) else EXIT_ERROR
+            return EXIT_USAGE if isinstance(exc, metrics.MetricsSetupError) else EXIT_ERROR
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -450,7 +461,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from supplier_agent.smoke import run_smoke
 
             return run_smoke(config)
-        return cmd_run(config, getattr(args, "metrics", None))
+        return cmd_run(
+            config, getattr(args, "metrics", None), getattr(args, "metrics_token_file", None)
+        )
     except (ConfigError, StateInUse) as exc:
         print(f"cloudgpu-agent: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -9,16 +9,25 @@ runs in a thread of its own: a slow scrape never holds the agent's event loop, a
 calls it makes are the same thread-safe ones the heartbeat makes.
 
 The listener binds where told; the default is loopback, since GPU telemetry tells anyone who can
-read it what the host's renters are doing.
+read it what the host's renters are doing. With a bearer token (``CLOUDGPU_METRICS_TOKEN``, or
+``CLOUDGPU_METRICS_TOKEN_FILE`` / ``--metrics-token-file``: never a command-line value, which
+every user of the host can read in the process list) a scrape must send
+``Authorization: Bearer <token>``, and only then may it bind an address other than loopback.
 """
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import logging
 import socket
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass
+from pathlib import Path
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -35,8 +44,52 @@ CLOCK_SM = 1
 CLOCK_MEM = 2
 
 
-class MetricsAddressError(ValueError):
+TOKEN_ENV = "CLOUDGPU_METRICS_TOKEN"  # noqa: S105 (a variable's name, not a secret)
+TOKEN_FILE_ENV = "CLOUDGPU_METRICS_TOKEN_FILE"  # noqa: S105
+TOKEN_MIN_LENGTH = 16  # as the hub's METRICS_TOKEN
+
+
+class MetricsSetupError(ValueError):
+    """The metrics endpoint cannot be served as asked (a usage error: exit 2)."""
+
+
+class MetricsAddressError(MetricsSetupError):
     pass
+
+
+def read_token(token_file: str | None, environ: MutableMapping[str, str]) -> str | None:
+    """The scrape token: the first line of ``token_file`` (``--metrics-token-file``), else of
+    the file ``CLOUDGPU_METRICS_TOKEN_FILE`` names, else ``CLOUDGPU_METRICS_TOKEN``; None for
+    none. The variable is taken out of ``environ`` so that nothing the agent starts (docker,
+    ssh) inherits it."""
+    value = environ.pop(TOKEN_ENV, "")
+    path = token_file or environ.get(TOKEN_FILE_ENV) or ""
+    if path:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise MetricsSetupError(f"cannot read the metrics token file {path}: {exc}") from None
+        value = lines[0] if lines else ""
+        if not value.strip():
+            raise MetricsSetupError(f"the metrics token file {path} is empty")
+    token = value.strip()
+    if not token:
+        return None
+    if len(token) < TOKEN_MIN_LENGTH:
+        raise MetricsSetupError(
+            f"the metrics token is shorter than {TOKEN_MIN_LENGTH} characters; "
+            "make one with: python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+    return token
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve anywhere
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -158,13 +211,62 @@ def _add(
         family.add_metric(key, float(value) * scale)
 
 
-def serve(address: str, collector: AgentCollector) -> Any:
-    """Start the metrics listener in a thread; returns the server (``shutdown()`` stops it)."""
-    from prometheus_client import start_http_server
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a stuck scraper never holds the agent's exit
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one line per scrape on stderr is noise
+
+
+def _authorized(app: Any, token: str) -> Any:
+    """``app`` behind ``Authorization: Bearer <token>`` (compared in constant time)."""
+    expected = token.encode()
+
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        scheme, _, credential = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(
+            credential.strip().encode(), expected
+        ):
+            return app(environ, start_response)  # type: ignore[no-any-return]
+        start_response(
+            "401 Unauthorized",
+            [
+                ("Content-Type", "text/plain; charset=utf-8"),
+                ("WWW-Authenticate", 'Bearer realm="cloudgpu-agent"'),
+            ],
+        )
+        return [b"a bearer token is required to read the metrics\n"]
+
+    return guarded
+
+
+def serve(address: str, collector: AgentCollector, token: str | None = None) -> Any:
+    """Start the metrics listener in a thread; returns the server (``shutdown()`` stops it,
+    ``server_close()`` frees the port). Without ``token`` it binds loopback only."""
+    from prometheus_client import make_wsgi_app
 
     host, port = parse_address(address)
+    if token is None and not is_loopback(host):
+        raise MetricsSetupError(
+            f"--metrics {host}:{port} is not a loopback address: anyone who reaches it would read "
+            f"the host's GPU telemetry. Set a token ({TOKEN_FILE_ENV}, --metrics-token-file or "
+            f"{TOKEN_ENV}) or bind 127.0.0.1"
+        )
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    server, _thread = start_http_server(port, addr=host, registry=registry)
-    log.info("metrics on http://%s:%d/metrics", host, port)
+    app = make_wsgi_app(registry)
+    if token is not None:
+        app = _authorized(app, token)
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    server_class = type("_MetricsServer", (_Server,), {"address_family": family})
+    server: WSGIServer = make_server(host, port, app, server_class, _QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    log.info(
+        "metrics on http://%s:%d/metrics (%s)",
+        host,
+        port,
+        "bearer token required" if token is not None else "no token: loopback only",
+    )
     return server

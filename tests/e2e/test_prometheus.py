@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from hub.accounts.models import User
@@ -35,6 +36,7 @@ from tests.support.prometheus_server import Job, Prometheus, prometheus_server
 pytestmark = pytest.mark.django_db(transaction=True)
 
 METRICS_TOKEN = f"metrics-{uuid.uuid4().hex}"
+AGENT_METRICS_TOKEN = f"agent-metrics-{uuid.uuid4().hex}"
 XID_DOUBLE_BIT_ECC = 48
 
 
@@ -66,7 +68,7 @@ def _scraping(
         tmp_path / "prometheus",
         [
             Job("cloudgpu-hub", hub_target, bearer_token=METRICS_TOKEN),
-            Job("cloudgpu-agent", f"127.0.0.1:{agent_port}"),
+            Job("cloudgpu-agent", f"127.0.0.1:{agent_port}", bearer_token=AGENT_METRICS_TOKEN),
         ],
     )
 
@@ -83,13 +85,24 @@ def test_prometheus_counts_the_connected_agent_and_its_lease(
         configure(state, stack.url(), agent_token(stack, supplier), "--runtime", "mock").returncode
         == 0
     )
+    # The agent's endpoint on every address, so behind its token (from a file, never argv).
+    token_file = tmp_path / "agent-metrics-token"
+    token_file.write_text(AGENT_METRICS_TOKEN + "\n")
     with (
         _scraping(stack, tmp_path, agent_port) as prometheus,
-        running_agent(state, tmp_path / "agent.log", "--metrics", f"127.0.0.1:{agent_port}"),
+        running_agent(
+            state,
+            tmp_path / "agent.log",
+            *("--metrics", f"0.0.0.0:{agent_port}"),
+            env=agent_env(CLOUDGPU_METRICS_TOKEN_FILE=str(token_file)),
+        ) as agent,
     ):
         host = wait_for(lambda: online_host(supplier), timeout_s=60, what="host online")
         prometheus.wait_for_value('up{job="cloudgpu-hub"}', 1)
         prometheus.wait_for_value('up{job="cloudgpu-agent"}', 1)
+        agent_metrics = f"http://127.0.0.1:{agent_port}/metrics"
+        assert httpx.get(agent_metrics, timeout=10).status_code == 401
+        assert AGENT_METRICS_TOKEN not in " ".join(psutil.Process(agent.pid).cmdline())
         prometheus.wait_for_value("sum(cloudgpu_agents_connected)", 1)
         prometheus.wait_for_value('sum(cloudgpu_hosts{status="online"})', 1)
         prometheus.wait_for_value("cloudgpu_agent_hub_connected", 1)
