@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -33,13 +33,14 @@ log = logging.getLogger(__name__)
 DbCall = Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]]
 
 
-@dataclass
+@dataclass(slots=True)
 class Connection:
-    """What one agent socket remembers between heartbeats."""
+    """What one agent socket remembers between heartbeats. Slots and a shared empty frozenset:
+    ten thousand of these live in one web process (docs/benchmarks.md, memory per socket)."""
 
     signature: tuple[object, ...] | None = None
     written_at: float = 0.0
-    flagged: set[str] = field(default_factory=set)  # leases flagged for foreign processes
+    flagged: frozenset[str] = frozenset()  # leases flagged for foreign processes
     # Set by the sweep's "agent.marked_offline" event: the next heartbeat brings the host back.
     marked_offline: bool = False
 
@@ -74,9 +75,9 @@ async def arrived(conn: Connection, host_id: int, message: Heartbeat, db: DbCall
     metrics.HEARTBEATS.inc()
     metrics.HEARTBEAT_SECONDS.observe(time.time() - now)
     found = foreign_processes(message)
-    if found and set(found) - conn.flagged:
+    if found and not conn.flagged.issuperset(found):
         await db(flag_foreign_processes)(host_id, found)
-        conn.flagged.update(found)
+        conn.flagged = conn.flagged.union(found)
 
 
 def telemetry_signature(message: Heartbeat) -> tuple[object, ...]:
