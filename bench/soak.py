@@ -12,7 +12,9 @@ every 2 minutes (the backlog is sent again); the renter's API client reads
 Every 30 s it samples RSS, open fds and threads of every process (the worker's pool children
 counted with it), Redis memory and the run's keys, every table's row count, the agent's state
 folder and what Docker keeps of the agent's containers on disk. Growth per hour is the
-least-squares slope after the warm-up (the first sixth of the run, at least 5 minutes).
+least-squares slope after the warm-up (the first sixth of the run, at least 5 minutes); for
+RSS also the slope of its floor (each 10-minute window's lowest sample), which the 30 s swings
+of a few MiB do not move.
 
 ``agent-leases``: a real ``cloudgpu-agent run --runtime mock`` against the loopback protocol
 peer of the tests, taking each lease through reserve, docker_run and release; its RSS is
@@ -39,6 +41,8 @@ from bench import common
 from bench.dispatch import _people, _start_agent, _wait_online, _wait_state, agent_env
 
 SAMPLE_EVERY_S = 30.0
+# RSS floor: the lowest sample of each window of this length (see _floor_slope_per_hour).
+FLOOR_BIN_S = 600.0
 CHATTY = "while true; do head -c 48000 /dev/urandom | base64 | tr -d '\\n'; echo; sleep 1; done"
 SHORT = "echo short lease; exec sleep 3600"
 SHORT_EVERY_S = 30.0
@@ -135,6 +139,27 @@ def _slope_per_hour(samples: list[dict[str, float]], key: str) -> float:
     if spread == 0:
         return 0.0
     return sum((t - mean_t) * (v - mean_v) for t, v in points) / spread * 3600
+
+
+def _floor_slope_per_hour(
+    samples: list[dict[str, float]], key: str, bin_s: float = FLOOR_BIN_S
+) -> float | None:
+    """The slope of the lowest value of each ``bin_s`` window: RSS swings by several MiB from
+    one 30 s sample to the next (a 3 MB response in flight, the collector's timing), and its
+    floor between those swings is what a leak would lift. None with fewer than 3 windows."""
+    if not samples:
+        return None
+    start = samples[0]["t"]
+    floors: dict[int, dict[str, float]] = {}
+    for sample in samples:
+        if key not in sample:
+            continue
+        index = int((sample["t"] - start) // bin_s)
+        if index not in floors or sample[key] < floors[index][key]:
+            floors[index] = sample
+    if len(floors) < 3:
+        return None
+    return _slope_per_hour(list(floors.values()), key)
 
 
 def _page(
@@ -367,6 +392,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         samples=len(samples),
         counters=counters.values,
         growth_per_hour={k: round(_slope_per_hour(settled, k), 3) for k in keys},
+        floor_growth_per_hour={
+            k: None if (slope := _floor_slope_per_hour(settled, k)) is None else round(slope, 3)
+            for k in keys
+            if k.endswith(".rss_mib")
+        },
         first={k: round(settled[0].get(k, 0), 2) for k in keys},
         last={k: round(samples[-1][k], 2) for k in keys},
         peak={k: round(max(s.get(k, 0) for s in samples), 2) for k in keys},

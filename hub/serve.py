@@ -18,9 +18,10 @@ import signal
 import sys
 import time
 import tracemalloc
+from collections.abc import Awaitable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from daphne import server as daphne_server
 from daphne.access import AccessLogGenerator
@@ -176,6 +177,10 @@ class HeaderDeadlineFactory(daphne_server.HTTPFactory):
             deadline = state["deadline"]
             if deadline is not None and deadline.active():
                 deadline.cancel()
+            # Back to the class's methods: these closures would otherwise live as long as the
+            # connection, ~0.8 KiB of every agent's socket for hours (docs/benchmarks.md).
+            del channel.connectionMade, channel.allHeadersReceived
+            state.clear()
             headers_done()
 
         def too_slow() -> None:
@@ -327,14 +332,23 @@ def collect_if_due(schedule: FullCollections) -> None:
 class ResponseSizes:
     """The ASGI application, counting the bytes of each HTTP response for the schedule."""
 
+    # A plain __call__ returning the application's coroutine: asgiref would take it for an
+    # ASGI 2 application without this.
+    _asgi_single_callable = True
+
     def __init__(self, application: Any) -> None:
         self.application = application
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Awaitable[None]:
         schedule = full_collections
         if scope.get("type") != "http" or schedule is None:
-            await self.application(scope, receive, send)
-            return
+            # Not awaited in a frame of ours: a WebSocket lives for hours, and so would it.
+            return cast(Awaitable[None], self.application(scope, receive, send))
+        return self._counted(schedule, scope, receive, send)
+
+    async def _counted(
+        self, schedule: FullCollections, scope: dict[str, Any], receive: Any, send: Any
+    ) -> None:
         sent = 0
 
         async def counting_send(message: dict[str, Any]) -> None:
