@@ -329,6 +329,11 @@ if min(ENROLLMENT_CODE_TTL_S, ENROLLMENT_RATE_LIMIT, ENROLLMENT_RATE_WINDOW_S) <
     )
 # Threads (each with a database connection) a web process gives its agent sockets' queries.
 AGENT_DB_THREADS = env_int("AGENT_DB_THREADS", 4)
+# A web process remembers agent tokens it accepted for this long, so a new socket's connect-time
+# check skips its query (register re-checks the token: hub/agents/token_cache.py). 0: off.
+AGENT_TOKEN_CACHE_S = env_int("AGENT_TOKEN_CACHE_S", 60)
+if AGENT_TOKEN_CACHE_S < 0:
+    raise ImproperlyConfigured("AGENT_TOKEN_CACHE_S must be 0 or more")
 # A host is offline this long after its last heartbeat.
 HOST_OFFLINE_AFTER_S = env_int("HOST_OFFLINE_AFTER_S", 45)
 # Full GPU telemetry is written to Postgres on change, or at least this often; liveness itself

@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 from redis.exceptions import RedisError
 
-from hub.agents import heartbeats, registration, registration_batch
+from hub.agents import heartbeats, registration, registration_batch, token_cache
 from hub.agents.exec_relay import Delivery, ExecRoutes
 from hub.leases import gpu_faults, terminals
 from hub.leases import logs as lease_logs
@@ -166,14 +166,21 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return await _db(function)(*args)
 
     async def connect(self) -> None:
-        try:
-            token = await self._handshake_step(authenticate_agent_token, _bearer(self.scope))
-        except ClientLeft:
-            return  # Daphne already closed it; the queued disconnect ends this consumer
-        if token is None:
-            await self.close()  # before accept: Daphne answers the handshake with 403
-            return
-        self.token_id = token.pk
+        plaintext = _bearer(self.scope)
+        # A token this process accepted a moment ago costs no query: register re-checks it
+        # (token_cache.py says why that is safe). In a storm, a supplier's hosts share one.
+        token_id = token_cache.accepted.lookup(plaintext)
+        if token_id is None:
+            try:
+                token = await self._handshake_step(authenticate_agent_token, plaintext)
+            except ClientLeft:
+                return  # Daphne already closed it; the queued disconnect ends this consumer
+            if token is None or plaintext is None:
+                await self.close()  # before accept: Daphne answers the handshake with 403
+                return
+            token_id = token.pk
+            token_cache.accepted.remember(plaintext, token_id)
+        self.token_id = token_id
         self._heartbeats = heartbeats.Connection()
         self._window_started = time.monotonic()
         self._frames_in_window = 0
@@ -267,6 +274,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self._handle(message)
         except registration.RegistrationRefused as exc:
             metrics.REGISTRATIONS.labels("refused").inc()
+            if self.token_id is not None:
+                # Revoked, perhaps: this process's next socket with it asks the database.
+                token_cache.accepted.forget(self.token_id)
             await self._reply(Error(reason=str(exc), ref="register"))
             await self._close(None)
         except Exception as exc:
@@ -480,6 +490,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self._send(frame)
 
     async def agent_revoked(self, event: dict[str, Any]) -> None:
+        if self.token_id is not None:
+            token_cache.accepted.forget(self.token_id)  # new sockets with it: 403 at once
         await self._close(CLOSE_TOKEN_REVOKED)
 
     async def agent_marked_offline(self, event: dict[str, Any]) -> None:
