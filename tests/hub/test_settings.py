@@ -108,7 +108,7 @@ def test_an_unreadable_secret_file_is_a_clear_error(
 def _database_setting(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     code = (
         "from django.conf import settings; d = settings.DATABASES['default']; "
-        "print(d['CONN_MAX_AGE'], d['OPTIONS'].get('pool'))"
+        "print(d['CONN_MAX_AGE'], d['CONN_HEALTH_CHECKS'], d['OPTIONS'].get('pool'))"
     )
     return _manage(env, "shell", "-c", code)
 
@@ -116,15 +116,18 @@ def _database_setting(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 def test_connections_are_pooled_per_process_by_default() -> None:
     result = _database_setting(hub_env(DEBUG="1", DATABASE_POOL_MAX_SIZE="7"))
     assert result.returncode == 0, result.stderr
-    conn_max_age, pool = result.stdout.strip().splitlines()[-1].split(" ", 1)
+    conn_max_age, health_checks, pool = result.stdout.strip().splitlines()[-1].split(" ", 2)
     assert conn_max_age == "0"  # persistent connections leaked under Daphne
     assert "'max_size': 7" in pool
+    # The pool's own check (hub.lib.db_pool), not Django's on top: Django would pass both.
+    assert "check_unless_recent" in pool
+    assert health_checks == "False"
 
 
 def test_a_pool_size_of_zero_connects_per_use() -> None:
     result = _database_setting(hub_env(DEBUG="1", DATABASE_POOL_MAX_SIZE="0"))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().splitlines()[-1] == "0 None"
+    assert result.stdout.strip().splitlines()[-1] == "0 True None"  # Django's own check
 
 
 def test_the_old_persistent_connection_setting_is_refused_with_the_new_one_named() -> None:
