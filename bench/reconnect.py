@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -73,6 +74,40 @@ def offline_transitions(url: str) -> int:
     return int(row[0]) if row else 0
 
 
+def back_curve(back_at: list[float], listening: float, agents: int) -> dict[str, Any]:
+    """When the agents came back, from the new web process listening: the time to each share
+    of them, and the most registrations in one second (the web process's rate once the
+    agents' backoff brings enough of them at once; the tail is their backoff)."""
+    times = sorted(t - listening for t in back_at)
+    if not times:
+        return {}
+    per_second: dict[int, int] = {}
+    for t in times:
+        per_second[int(t)] = per_second.get(int(t), 0) + 1
+
+    def at_share(share: float) -> float:
+        return round(times[min(len(times) - 1, math.ceil(share * agents) - 1)], 2)
+
+    return {
+        "back_50pct_s": at_share(0.5),
+        "back_90pct_s": at_share(0.9),
+        "back_99pct_s": at_share(0.99),
+        "peak_registrations_per_s": max(per_second.values()),
+        "registrations_per_s": [per_second.get(n, 0) for n in range(int(times[-1]) + 1)],
+    }
+
+
+def web_cpu_s(hub: common.Hub) -> float:
+    """CPU seconds the web processes have used so far (user and system)."""
+    total = 0.0
+    for name, process in hub.processes.items():
+        if name.startswith("web"):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                times = psutil.Process(process.pid).cpu_times()
+                total += times.user + times.system
+    return total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--agents", type=int, default=1000)
@@ -108,7 +143,9 @@ def main() -> None:
             hub.stop_web()
             hub.start_web()
             listening = time.time()
+            cpu_at_listening = web_cpu_s(hub)  # its start-up left out
             back = swarm.wait_all_back(args.timeout)
+            cpu_storm = web_cpu_s(hub) - cpu_at_listening
             if len(back) < len(swarm.processes):
                 status = swarm.status()
                 restarts.append({"timed_out": True, "connected": status["connected"]})
@@ -118,6 +155,13 @@ def main() -> None:
                 "all_back_s": round(last - stopped, 1),
                 "all_back_after_listening_s": round(last - listening, 1),
                 "daphne_restart_s": round(listening - stopped, 1),
+                **back_curve(
+                    [t for m in back.values() for t in m.get("back_at", [])], listening, args.agents
+                ),
+                # The web process's CPU from listening to all back, per registration: what a
+                # registration costs, whatever share of the machine it got.
+                "web_cpu_s": round(cpu_storm, 2),
+                "web_cpu_ms_per_registration": round(1000 * cpu_storm / args.agents, 2),
                 "failed_connect_attempts": sum(m["failed"] for m in back.values()),
                 "failure_reasons": _merged(m.get("failure_reasons", {}) for m in back.values()),
                 "redis_connections_after": redis_clients(env["REDIS_URL"], exclude),
