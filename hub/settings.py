@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-from hub.lib import csp, db_pool
+from hub.lib import csp
 from hub.lib.env import (
     EnvError,
     database_from_url,
@@ -67,14 +67,13 @@ try:
         )
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     # A connection is checked each time it is lent, so one that a Postgres restart broke is
-    # replaced instead of failing a request. Without the pool, Django's check (an empty query).
-    # With it, the pool's: hub.lib.db_pool skips the empty query's round trip for a connection
-    # lent within the last 2 s whose socket has nothing unread (a reconnect storm paid one per
-    # token check and per registration batch; docs/benchmarks.md, issue 18).
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = not DATABASE_POOL_MAX_SIZE
+    # replaced instead of failing a request. With the pool, the pool's check: hub.lib.db_pool
+    # (put on the pool by hub.accounts' ready()) skips its empty query's round trip for a
+    # connection lent within the last 2 s whose socket has nothing unread (a reconnect storm
+    # paid one per token check and per registration batch; docs/benchmarks.md, issue 18).
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     if DATABASE_POOL_MAX_SIZE:
         DATABASES["default"]["OPTIONS"]["pool"] = {
-            "check": db_pool.check_unless_recent,
             "min_size": DATABASE_POOL_MIN_SIZE,
             "max_size": DATABASE_POOL_MAX_SIZE,
             "timeout": float(DATABASE_POOL_TIMEOUT_S),

@@ -1,5 +1,7 @@
-"""The check the database pool runs on a connection before lending it (settings.py passes
-``check_unless_recent`` as the psycopg_pool ``check``).
+"""The check the database pool runs on a connection before lending it: ``check_unless_recent``,
+put on the pool Django built by ``use_on_pool_of`` (a ``connection_created`` receiver that
+hub.accounts connects; Django passes its own check and takes no other, see
+hub/lib/compat_psycopg_pool.py).
 
 psycopg_pool's own ``check_connection`` sends an empty query: a round trip to Postgres on every
 checkout, so that a connection a Postgres restart broke is replaced instead of failing a
@@ -11,7 +13,8 @@ ago, unless its socket has something to read: a server that ends a session (a re
 terminated backend, an idle timeout) sends an error message and closes the socket, which makes
 it readable. What is left unchecked is a connection lost without a word in the last
 ``RECENT_S`` (a network partition): its next query fails once, as it would if it broke just
-after a check.
+after a check. The pool lends its idle connections in turn (first returned, first lent): in a
+storm each is lent again within milliseconds, while at a trickle the empty query still runs.
 
 Django-free: psycopg and the standard library only.
 """
@@ -27,6 +30,8 @@ from typing import Any
 
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
+
+from hub.lib import compat_psycopg_pool
 
 RECENT_S = 2.0
 
@@ -68,3 +73,16 @@ def check_unless_recent(
         skipped += 1
     with _lock:
         _lent_at[conn] = now
+
+
+def use_on_pool_of(sender: object, connection: object, **kwargs: object) -> None:
+    """``connection_created`` receiver: from the process's first connection on, its pool lends
+    with ``check_unless_recent``. Nothing without a pool (DATABASE_POOL_MAX_SIZE=0): there
+    Django's own check (CONN_HEALTH_CHECKS) runs."""
+    pool = compat_psycopg_pool.pool_of(connection)
+    if pool is not None and compat_psycopg_pool.check_of(pool) is not check_unless_recent:
+        compat_psycopg_pool.set_check(pool, check_unless_recent)
+        lent = getattr(connection, "connection", None)  # checked by the pool's own, just now
+        if isinstance(lent, Connection):
+            with _lock:
+                _lent_at[lent] = time.monotonic()

@@ -119,9 +119,23 @@ def test_connections_are_pooled_per_process_by_default() -> None:
     conn_max_age, health_checks, pool = result.stdout.strip().splitlines()[-1].split(" ", 2)
     assert conn_max_age == "0"  # persistent connections leaked under Daphne
     assert "'max_size': 7" in pool
-    # The pool's own check (hub.lib.db_pool), not Django's on top: Django would pass both.
-    assert "check_unless_recent" in pool
-    assert health_checks == "False"
+    assert health_checks == "True"  # with the pool, the pool's check (hub.lib.db_pool)
+
+
+def test_the_pool_lends_with_the_hubs_check_once_connected() -> None:
+    # A real query through Django's pool in a hub process: the pool Django built now checks
+    # with hub.lib.db_pool (Django takes no check of ours in OPTIONS["pool"]).
+    code = (
+        "from django.db import connection; from hub.lib import compat_psycopg_pool, db_pool; "
+        "connection.cursor().execute('SELECT 1'); connection.close(); "
+        "connection.cursor().execute('SELECT 1'); "
+        "print(compat_psycopg_pool.check_of(connection.pool) is db_pool.check_unless_recent, "
+        "db_pool.skipped)"
+    )
+    env = hub_env(DEBUG="1", DATABASE_POOL_MAX_SIZE="1", DATABASE_POOL_MIN_SIZE="1")
+    result = _manage(env, "shell", "-c", code)  # one connection: lent twice
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "True 1"  # the second lending: no query
 
 
 def test_a_pool_size_of_zero_connects_per_use() -> None:
