@@ -24,7 +24,7 @@ from hub.agents.exec_relay import Delivery, ExecRoutes
 from hub.leases import gpu_faults, terminals
 from hub.leases import logs as lease_logs
 from hub.leases import services as lease_services
-from hub.lib import local_channels, metrics
+from hub.lib import local_channels, metrics, tokens
 from hub.lib.compat_channels import dispatch_without_db_cleanup
 from hub.lib.compat_daphne import client_left
 from hub.suppliers.services import authenticate_agent_token, record_rtt
@@ -101,6 +101,24 @@ def _slots() -> asyncio.Semaphore:
     return slots
 
 
+# Connect-time token checks in flight, by token digest, per event loop: in a storm a supplier's
+# hosts all arrive before the first answer is cached (token_cache), and each queued a query of
+# its own; now the others wait for that one's answer. (Per loop: tests run several.)
+_token_checks: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[str, asyncio.Future[int | None]]
+] = weakref.WeakKeyDictionary()
+# The answer of a check whose socket left before it ran: each waiter asks for itself.
+_NO_ANSWER = -1
+
+
+def _checks_in_flight() -> dict[str, asyncio.Future[int | None]]:
+    loop = asyncio.get_running_loop()
+    checks = _token_checks.get(loop)
+    if checks is None:
+        checks = _token_checks[loop] = {}
+    return checks
+
+
 class ClientLeft(Exception):
     """The client closed its socket while its handshake step waited for a slot."""
 
@@ -172,14 +190,12 @@ class AgentConsumer(AsyncWebsocketConsumer):
         token_id = token_cache.accepted.lookup(plaintext)
         if token_id is None:
             try:
-                token = await self._handshake_step(authenticate_agent_token, plaintext)
+                token_id = await self._check_token(plaintext)
             except ClientLeft:
                 return  # Daphne already closed it; the queued disconnect ends this consumer
-            if token is None or plaintext is None:
-                await self.close()  # before accept: Daphne answers the handshake with 403
-                return
-            token_id = token.pk
-            token_cache.accepted.remember(plaintext, token_id)
+        if token_id is None:
+            await self.close()  # before accept: Daphne answers the handshake with 403
+            return
         self.token_id = token_id
         self._heartbeats = heartbeats.Connection()
         self._window_started = time.monotonic()
@@ -197,6 +213,30 @@ class AgentConsumer(AsyncWebsocketConsumer):
         local_channels.register(self)  # renters' terminals in this process skip Redis
         # A socket that never registers holds resources without being a host: close it.
         self._register_deadline = asyncio.create_task(self._close_unless_registered())
+
+    async def _check_token(self, plaintext: str | None) -> int | None:
+        """The token's id if the database accepts it, else None; one query per token at a time
+        (the sockets that arrive while one runs take its answer)."""
+        if not plaintext:
+            return None
+        checks = _checks_in_flight()
+        key = tokens.digest(plaintext)
+        while (running := checks.get(key)) is not None:
+            answer = await asyncio.shield(running)
+            if answer != _NO_ANSWER:
+                return answer
+        future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        checks[key] = future
+        answer = _NO_ANSWER
+        try:
+            token = await self._handshake_step(authenticate_agent_token, plaintext)
+            answer = None if token is None else token.pk
+            if answer is not None:
+                token_cache.accepted.remember(plaintext, answer)
+            return answer
+        finally:
+            del checks[key]
+            future.set_result(answer)
 
     async def _close_unless_registered(self) -> None:
         await asyncio.sleep(settings.AGENT_REGISTER_TIMEOUT_S)

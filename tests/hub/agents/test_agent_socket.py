@@ -263,6 +263,73 @@ async def test_a_token_accepted_a_moment_ago_costs_the_next_socket_no_query(
     liveness.forget(int(welcome["host_id"]))
 
 
+class _SlowCheck:
+    """A socket's database step (``_handshake_step``) that waits to be released: the token
+    checks of sockets arriving together, before the first answer is in."""
+
+    def __init__(self, answers: list[Any]) -> None:
+        self.answers = answers  # one per call: a token row, None (refused) or an exception
+        self.calls = 0
+        self.release = asyncio.Event()
+
+    async def __call__(self, function: Any, *args: Any) -> Any:
+        answer = self.answers[self.calls]
+        self.calls += 1
+        await self.release.wait()
+        # A query is never instant: one turn of the loop (the others see it running).
+        loop = asyncio.get_running_loop()
+        turn = loop.create_future()
+        loop.call_soon(turn.set_result, None)
+        await turn
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+async def _check_together(
+    monkeypatch: pytest.MonkeyPatch, step: _SlowCheck, sockets: int
+) -> list[Any]:
+    monkeypatch.setattr(consumer.AgentConsumer, "_handshake_step", step.__call__)
+    plaintext = generate_token()
+    checks = [
+        asyncio.ensure_future(consumer.AgentConsumer()._check_token(plaintext))
+        for _ in range(sockets)
+    ]
+    # Callbacks run in order: every check takes its first step (and waits) before this.
+    asyncio.get_running_loop().call_soon(step.release.set)
+    return await asyncio.gather(*checks, return_exceptions=True)
+
+
+class _Token:
+    pk = 42
+
+
+async def test_sockets_arriving_together_with_one_token_cost_one_query(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    step = _SlowCheck([_Token()])
+    assert await _check_together(monkeypatch, step, 8) == [42] * 8
+    assert step.calls == 1
+
+
+async def test_sockets_arriving_together_with_a_refused_token_are_all_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    step = _SlowCheck([None])
+    assert await _check_together(monkeypatch, step, 4) == [None] * 4
+    assert step.calls == 1
+
+
+async def test_when_the_first_socket_left_before_its_check_the_others_ask_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    step = _SlowCheck([consumer.ClientLeft(), _Token()])
+    results = await _check_together(monkeypatch, step, 3)
+    assert isinstance(results[0], consumer.ClientLeft)
+    assert results[1:] == [42, 42]
+    assert step.calls == 2
+
+
 async def test_a_revoked_token_is_refused_at_register_when_the_connect_check_was_cached(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
