@@ -82,6 +82,7 @@ class SwarmState:
     failure_reasons: dict[str, int] = field(default_factory=dict)
     storm_at: float | None = None
     back: set[int] = field(default_factory=set)
+    back_at: list[float] = field(default_factory=list)  # each agent's welcome after the storm
     all_back: asyncio.Event = field(default_factory=asyncio.Event)
     closing: bool = False
     reporter: asyncio.Task[None] | None = None
@@ -121,6 +122,8 @@ async def _session(index: int, agent_id: str, state: SwarmState) -> None:
     state.connected.add(index)
     state.ever_connected.add(index)
     if state.storm_at is not None:
+        if index not in state.back:
+            state.back_at.append(time.time())
         state.back.add(index)
         if len(state.back) == state.agents:
             state.all_back.set()
@@ -213,6 +216,7 @@ async def _commands(state: SwarmState, tasks: list[asyncio.Task[None]]) -> None:
             # real agents (which do not coordinate) would come back.
             state.gate = None
             state.back.clear()
+            state.back_at.clear()
             state.all_back.clear()
             state.storm_at = time.time()
             state.reporter = asyncio.create_task(_report_back(state))
@@ -232,6 +236,7 @@ async def _report_back(state: SwarmState) -> None:
     await state.all_back.wait()
     emit({
         "event": "all_back", "at": time.time(), "failed": state.failed_connects,
+        "back_at": [round(t, 3) for t in state.back_at],
         "failure_reasons": dict(sorted(state.failure_reasons.items(), key=lambda kv: -kv[1])[:8]),
     })  # fmt: skip
 

@@ -163,6 +163,8 @@ HEADER_DEADLINE_S = 10.0
 class HeaderDeadlineFactory(daphne_server.HTTPFactory):
     def buildProtocol(self, addr: Any) -> Any:
         protocol = super().buildProtocol(addr)
+        if full_collections is not None:
+            full_collections.note_connection()  # a storm defers full collections
         # Twisted wraps the HTTPChannel (which parses the headers) in a protocol that proxies
         # only IProtocol: the hooks go on the channel itself.
         channel = http_channel_of(protocol)
@@ -263,9 +265,11 @@ class RedactingCommandLineInterface(CommandLineInterface):
 # set the heartbeat p99 at about 3 s (docs/benchmarks.md). Almost everything here is freed by
 # reference counting; the collector is for cycles. So: freeze what exists after start-up (the
 # code, Django's caches: never garbage), keep the young generations small (a pause is as long
-# as its generation is big: 50,000 young objects took 250 ms here), make full collections about
-# 100 times rarer than CPython's default, and log any pause long enough to matter.
-GC_THRESHOLDS = (700, 10, 1000)
+# as its generation is big: 50,000 young objects took 250 ms here), leave full collections to
+# the bounded schedule below (CPython's own, once 100 times rarer than its default, still came
+# at any moment: in a reconnect storm a 6 s one failed every handshake in flight; the third
+# threshold here means never), and log any pause long enough to matter.
+GC_THRESHOLDS = (700, 10, 2**31 - 1)
 GC_SLOW_PAUSE_S = 0.2
 
 log = logging.getLogger("hub.serve")
@@ -322,10 +326,11 @@ def collect_if_due(schedule: FullCollections) -> None:
     done = schedule.tick()
     if done is not None:
         log.info(
-            "full garbage collection (%s): %d unreachable objects, paused %.0f ms",
+            "full garbage collection (%s): %d unreachable objects, paused %.0f ms%s",
             done.reason,
             done.unreachable,
             done.paused_s * 1000,
+            f", {done.deferred_s:.0f} s late for a storm of connections" if done.deferred_s else "",
         )
 
 

@@ -66,8 +66,11 @@ try:
             "DATABASE_POOL_TIMEOUT_S at least 1"
         )
     DATABASES["default"]["CONN_MAX_AGE"] = 0
-    # With the pool: a connection is checked (an empty query) each time it is lent, so one
-    # that a Postgres restart broke is replaced instead of failing a request.
+    # A connection is checked each time it is lent, so one that a Postgres restart broke is
+    # replaced instead of failing a request. With the pool, the pool's check: hub.lib.db_pool
+    # (put on the pool by hub.accounts' ready()) skips its empty query's round trip for a
+    # connection lent within the last 2 s whose socket has nothing unread (a reconnect storm
+    # paid one per token check and per registration batch; docs/benchmarks.md, issue 18).
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     if DATABASE_POOL_MAX_SIZE:
         DATABASES["default"]["OPTIONS"]["pool"] = {
@@ -329,6 +332,11 @@ if min(ENROLLMENT_CODE_TTL_S, ENROLLMENT_RATE_LIMIT, ENROLLMENT_RATE_WINDOW_S) <
     )
 # Threads (each with a database connection) a web process gives its agent sockets' queries.
 AGENT_DB_THREADS = env_int("AGENT_DB_THREADS", 4)
+# A web process remembers agent tokens it accepted for this long, so a new socket's connect-time
+# check skips its query (register re-checks the token: hub/agents/token_cache.py). 0: off.
+AGENT_TOKEN_CACHE_S = env_int("AGENT_TOKEN_CACHE_S", 60)
+if AGENT_TOKEN_CACHE_S < 0:
+    raise ImproperlyConfigured("AGENT_TOKEN_CACHE_S must be 0 or more")
 # A host is offline this long after its last heartbeat.
 HOST_OFFLINE_AFTER_S = env_int("HOST_OFFLINE_AFTER_S", 45)
 # Full GPU telemetry is written to Postgres on change, or at least this often; liveness itself

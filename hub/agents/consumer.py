@@ -19,12 +19,12 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 from redis.exceptions import RedisError
 
-from hub.agents import heartbeats, registration, registration_batch
+from hub.agents import heartbeats, registration, registration_batch, token_cache
 from hub.agents.exec_relay import Delivery, ExecRoutes
 from hub.leases import gpu_faults, terminals
 from hub.leases import logs as lease_logs
 from hub.leases import services as lease_services
-from hub.lib import local_channels, metrics
+from hub.lib import local_channels, metrics, tokens
 from hub.lib.compat_channels import dispatch_without_db_cleanup
 from hub.lib.compat_daphne import client_left
 from hub.suppliers.services import authenticate_agent_token, record_rtt
@@ -99,6 +99,24 @@ def _slots() -> asyncio.Semaphore:
     if slots is None:
         slots = _handshake_slots[loop] = asyncio.Semaphore(settings.AGENT_DB_THREADS)
     return slots
+
+
+# Connect-time token checks in flight, by token digest, per event loop: in a storm a supplier's
+# hosts all arrive before the first answer is cached (token_cache), and each queued a query of
+# its own; now the others wait for that one's answer. (Per loop: tests run several.)
+_token_checks: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[str, asyncio.Future[int | None]]
+] = weakref.WeakKeyDictionary()
+# The answer of a check whose socket left before it ran: each waiter asks for itself.
+_NO_ANSWER = -1
+
+
+def _checks_in_flight() -> dict[str, asyncio.Future[int | None]]:
+    loop = asyncio.get_running_loop()
+    checks = _token_checks.get(loop)
+    if checks is None:
+        checks = _token_checks[loop] = {}
+    return checks
 
 
 class ClientLeft(Exception):
@@ -222,14 +240,19 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return await _db(function)(*args)
 
     async def connect(self) -> None:
-        try:
-            token = await self._handshake_step(authenticate_agent_token, _bearer(self.scope))
-        except ClientLeft:
-            return  # Daphne already closed it; the queued disconnect ends this consumer
-        if token is None:
+        plaintext = _bearer(self.scope)
+        # A token this process accepted a moment ago costs no query: register re-checks it
+        # (token_cache.py says why that is safe). In a storm, a supplier's hosts share one.
+        token_id = token_cache.accepted.lookup(plaintext)
+        if token_id is None:
+            try:
+                token_id = await self._check_token(plaintext)
+            except ClientLeft:
+                return  # Daphne already closed it; the queued disconnect ends this consumer
+        if token_id is None:
             await self.close()  # before accept: Daphne answers the handshake with 403
             return
-        self.token_id = token.pk
+        self.token_id = token_id
         self._window_started = time.monotonic()
         # No per-token group: revocation reaches registered sockets through their hosts'
         # channels, and `register` re-checks the token. A group_add (and group_discard) per
@@ -238,6 +261,30 @@ class AgentConsumer(AsyncWebsocketConsumer):
         local_channels.register(self)  # renters' terminals in this process skip Redis
         # A socket that never registers holds resources without being a host: close it.
         self._register_deadline = asyncio.create_task(self._close_unless_registered())
+
+    async def _check_token(self, plaintext: str | None) -> int | None:
+        """The token's id if the database accepts it, else None; one query per token at a time
+        (the sockets that arrive while one runs take its answer)."""
+        if not plaintext:
+            return None
+        checks = _checks_in_flight()
+        key = tokens.digest(plaintext)
+        while (running := checks.get(key)) is not None:
+            answer = await asyncio.shield(running)
+            if answer != _NO_ANSWER:
+                return answer
+        future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        checks[key] = future
+        answer = _NO_ANSWER
+        try:
+            token = await self._handshake_step(authenticate_agent_token, plaintext)
+            answer = None if token is None else token.pk
+            if answer is not None:
+                token_cache.accepted.remember(plaintext, answer)
+            return answer
+        finally:
+            del checks[key]
+            future.set_result(answer)
 
     async def _close_unless_registered(self) -> None:
         await asyncio.sleep(settings.AGENT_REGISTER_TIMEOUT_S)
@@ -314,6 +361,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self._handle(message)
         except registration.RegistrationRefused as exc:
             metrics.REGISTRATIONS.labels("refused").inc()
+            if self.token_id is not None:
+                # Revoked, perhaps: this process's next socket with it asks the database.
+                token_cache.accepted.forget(self.token_id)
             await self._reply(Error(reason=str(exc), ref="register"))
             await self._close(None)
         except Exception as exc:
@@ -535,6 +585,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self._send(frame)
 
     async def agent_revoked(self, event: dict[str, Any]) -> None:
+        if self.token_id is not None:
+            token_cache.accepted.forget(self.token_id)  # new sockets with it: 403 at once
         await self._close(CLOSE_TOKEN_REVOKED)
 
     async def agent_marked_offline(self, event: dict[str, Any]) -> None:

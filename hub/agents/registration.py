@@ -45,8 +45,12 @@ class Registered:
 
 
 def probe_registration(token_id: int, message: Register) -> str:
-    """What a registration would answer, without any change: the host id, or "new"."""
-    token = AgentToken.objects.get(pk=token_id)
+    """What a registration would answer, without any change: the host id, or "new". The token
+    is read again, as register_host does: the socket's connect-time check may have come from
+    this process's cache (hub/agents/token_cache.py)."""
+    token = AgentToken.objects.select_related("owner").get(pk=token_id)
+    if token.revoked_at is not None or not token.owner.is_active:
+        raise RegistrationRefused("this agent token was revoked")
     host = Host.objects.filter(agent_id=message.agent_id).first()
     if host is None:
         return "new"

@@ -177,3 +177,49 @@ def test_serve_schedules_collections_from_the_reactor(settings: Any) -> None:
         assert serve.full_collections is not None
         gc.callbacks.remove(serve.full_collections.on_gc)
         serve.full_collections = None
+
+
+def test_a_due_collection_waits_for_a_storm_of_connections_to_pass() -> None:
+    clock, collector = Clock(), Collector()
+    schedule = _schedule(clock, collector, busy_connects=100, max_defer_s=120)
+    clock.now += 600
+    for _ in range(5):  # 25 s of a storm: 100 connections per 5 s tick
+        for _ in range(100):
+            schedule.note_connection()
+        assert schedule.tick() is None
+        clock.now += 5
+    assert collector.calls == []
+    for _ in range(99):  # the storm is over: fewer than busy_connects since the last tick
+        schedule.note_connection()
+    done = schedule.tick()
+    assert done is not None
+    assert done.deferred_s == 25
+    assert collector.calls == [2]
+
+
+def test_a_storm_that_never_ends_defers_it_only_up_to_the_bound() -> None:
+    clock, collector = Clock(), Collector()
+    schedule = _schedule(clock, collector, busy_connects=100, max_defer_s=120)
+    clock.now += 600
+    collected_at = None
+    for tick in range(40):
+        for _ in range(500):
+            schedule.note_connection()
+        if schedule.tick() is not None:
+            collected_at = tick * 5
+            break
+        clock.now += 5
+    assert collected_at == 120
+    assert collector.calls == [2]
+
+
+def test_new_connections_reach_the_schedule_and_cpython_runs_no_full_collection_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock, collector = Clock(), Collector()
+    schedule = _schedule(clock, collector)
+    monkeypatch.setattr(serve, "full_collections", schedule)
+    serve.HeaderDeadlineFactory(server=None).buildProtocol(None)
+    assert schedule.connects == 1
+    # Only the schedule runs full collections in the web process (a storm can defer those).
+    assert serve.GC_THRESHOLDS[2] >= 2**31 - 1

@@ -108,7 +108,7 @@ def test_an_unreadable_secret_file_is_a_clear_error(
 def _database_setting(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     code = (
         "from django.conf import settings; d = settings.DATABASES['default']; "
-        "print(d['CONN_MAX_AGE'], d['OPTIONS'].get('pool'))"
+        "print(d['CONN_MAX_AGE'], d['CONN_HEALTH_CHECKS'], d['OPTIONS'].get('pool'))"
     )
     return _manage(env, "shell", "-c", code)
 
@@ -116,15 +116,32 @@ def _database_setting(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 def test_connections_are_pooled_per_process_by_default() -> None:
     result = _database_setting(hub_env(DEBUG="1", DATABASE_POOL_MAX_SIZE="7"))
     assert result.returncode == 0, result.stderr
-    conn_max_age, pool = result.stdout.strip().splitlines()[-1].split(" ", 1)
+    conn_max_age, health_checks, pool = result.stdout.strip().splitlines()[-1].split(" ", 2)
     assert conn_max_age == "0"  # persistent connections leaked under Daphne
     assert "'max_size': 7" in pool
+    assert health_checks == "True"  # with the pool, the pool's check (hub.lib.db_pool)
+
+
+def test_the_pool_lends_with_the_hubs_check_once_connected() -> None:
+    # A real query through Django's pool in a hub process: the pool Django built now checks
+    # with hub.lib.db_pool (Django takes no check of ours in OPTIONS["pool"]).
+    code = (
+        "from django.db import connection; from hub.lib import compat_psycopg_pool, db_pool; "
+        "connection.cursor().execute('SELECT 1'); connection.close(); "
+        "connection.cursor().execute('SELECT 1'); "
+        "print(compat_psycopg_pool.check_of(connection.pool) is db_pool.check_unless_recent, "
+        "db_pool.skipped)"
+    )
+    env = hub_env(DEBUG="1", DATABASE_POOL_MAX_SIZE="1", DATABASE_POOL_MIN_SIZE="1")
+    result = _manage(env, "shell", "-c", code)  # one connection: lent twice
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "True 1"  # the second lending: no query
 
 
 def test_a_pool_size_of_zero_connects_per_use() -> None:
     result = _database_setting(hub_env(DEBUG="1", DATABASE_POOL_MAX_SIZE="0"))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().splitlines()[-1] == "0 None"
+    assert result.stdout.strip().splitlines()[-1] == "0 True None"  # Django's own check
 
 
 def test_the_old_persistent_connection_setting_is_refused_with_the_new_one_named() -> None:

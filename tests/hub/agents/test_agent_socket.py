@@ -237,6 +237,159 @@ async def test_a_socket_that_registers_after_its_token_was_revoked_is_refused() 
     await communicator.disconnect()
 
 
+def _count_token_queries(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
+    """The connect-time token checks that reached the database (hub.agents.token_cache)."""
+    asked: list[str | None] = []
+    real = consumer.authenticate_agent_token
+
+    def counting(plaintext: str | None) -> Any:
+        asked.append(plaintext)
+        return real(plaintext)
+
+    monkeypatch.setattr(consumer, "authenticate_agent_token", counting)
+    return asked
+
+
+async def test_a_token_accepted_a_moment_ago_costs_the_next_socket_no_query(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked = _count_token_queries(monkeypatch)
+    _, plaintext = await _supplier_token()
+    first, _ = await _registered(plaintext)
+    second, welcome = await _registered(plaintext)
+    assert asked == [plaintext]
+    await first.disconnect()
+    await second.disconnect()
+    liveness.forget(int(welcome["host_id"]))
+
+
+class _SlowCheck:
+    """A socket's database step (``_handshake_step``) that waits to be released: the token
+    checks of sockets arriving together, before the first answer is in."""
+
+    def __init__(self, answers: list[Any]) -> None:
+        self.answers = answers  # one per call: a token row, None (refused) or an exception
+        self.calls = 0
+        self.release = asyncio.Event()
+
+    async def __call__(self, function: Any, *args: Any) -> Any:
+        answer = self.answers[self.calls]
+        self.calls += 1
+        await self.release.wait()
+        # A query is never instant: one turn of the loop (the others see it running).
+        loop = asyncio.get_running_loop()
+        turn = loop.create_future()
+        loop.call_soon(turn.set_result, None)
+        await turn
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+async def _check_together(
+    monkeypatch: pytest.MonkeyPatch, step: _SlowCheck, sockets: int
+) -> list[Any]:
+    monkeypatch.setattr(consumer.AgentConsumer, "_handshake_step", step.__call__)
+    plaintext = generate_token()
+    checks = [
+        asyncio.ensure_future(consumer.AgentConsumer()._check_token(plaintext))
+        for _ in range(sockets)
+    ]
+    # Callbacks run in order: every check takes its first step (and waits) before this.
+    asyncio.get_running_loop().call_soon(step.release.set)
+    return await asyncio.gather(*checks, return_exceptions=True)
+
+
+class _Token:
+    pk = 42
+
+
+async def test_sockets_arriving_together_with_one_token_cost_one_query(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    step = _SlowCheck([_Token()])
+    assert await _check_together(monkeypatch, step, 8) == [42] * 8
+    assert step.calls == 1
+
+
+async def test_sockets_arriving_together_with_a_refused_token_are_all_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    step = _SlowCheck([None])
+    assert await _check_together(monkeypatch, step, 4) == [None] * 4
+    assert step.calls == 1
+
+
+async def test_when_the_first_socket_left_before_its_check_the_others_ask_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    step = _SlowCheck([consumer.ClientLeft(), _Token()])
+    results = await _check_together(monkeypatch, step, 3)
+    assert isinstance(results[0], consumer.ClientLeft)
+    assert results[1:] == [42, 42]
+    assert step.calls == 2
+
+
+async def test_a_revoked_token_is_refused_at_register_when_the_connect_check_was_cached(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked = _count_token_queries(monkeypatch)
+    token_id, plaintext = await _supplier_token()
+    first = await _connect(plaintext)
+    assert (await first.connect())[0]
+    await first.disconnect()
+    # No registered socket: nothing in this process hears of the revocation.
+    await database_sync_to_async(services.revoke_agent_token)(token_id)
+
+    second = await _connect(plaintext)
+    assert (await second.connect())[0]  # from the cache: the database would have said 403
+    assert asked == [plaintext]
+    await second.send_to(text_data=_register(str(uuid.uuid4())))
+    reply = json.loads(await second.receive_from(timeout=5))
+    assert reply["type"] == "error"
+    assert reply["reason"] == "this agent token was revoked"
+    assert (await second.receive_output(timeout=5))["type"] == "websocket.close"
+    assert not await Host.objects.filter(token_id=token_id).aexists()
+    await second.disconnect()
+    # The refusal dropped it from the cache: the next socket is refused at the handshake.
+    assert not (await (await _connect(plaintext)).connect())[0]
+    assert asked == [plaintext, plaintext]
+
+
+async def test_a_probe_with_a_revoked_token_is_refused_when_the_connect_check_was_cached() -> None:
+    token_id, plaintext = await _supplier_token()
+    _, welcome_of_first = await _registered(plaintext)
+    first_host = welcome_of_first["host_id"]
+    probe = await _connect(plaintext)
+    assert (await probe.connect())[0]
+    await database_sync_to_async(services.revoke_agent_token)(token_id)
+    register = json.loads(_register(str(uuid.uuid4())))
+    await probe.send_to(text_data=json.dumps({**register, "probe": True}))
+    reply = json.loads(await probe.receive_from(timeout=5))
+    assert reply == {
+        "type": "error",
+        "v": 1,
+        "reason": "this agent token was revoked",
+        "ref": "register",
+    }
+    await probe.disconnect()
+    liveness.forget(int(first_host))
+
+
+async def test_revocation_through_a_registered_socket_empties_the_cache_for_new_sockets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked = _count_token_queries(monkeypatch)
+    token_id, plaintext = await _supplier_token()
+    communicator, welcome = await _registered(plaintext)
+    await database_sync_to_async(services.revoke_agent_token)(token_id)
+    assert await communicator.receive_output(timeout=5) == {"type": "websocket.close", "code": 4403}
+    await communicator.disconnect()
+    assert not (await (await _connect(plaintext)).connect())[0]  # 403, not a cached accept
+    assert asked == [plaintext, plaintext]
+    liveness.forget(int(welcome["host_id"]))
+
+
 frames = st.one_of(
     st.text(min_size=1, max_size=200),
     st.binary(min_size=1, max_size=200).map(lambda b: b.decode("latin-1")),
