@@ -304,6 +304,7 @@ class Hub:
                     "2",
                     "--without-gossip",
                     "--without-mingle",
+                    "--without-heartbeat",
                 ],
             )  # as `make run` starts it
         if beat:

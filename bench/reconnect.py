@@ -19,10 +19,10 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
-import psutil
 import redis
 
 from bench import common
+from bench import redis_clients as clients_of
 from bench.swarm import Swarm
 
 
@@ -41,19 +41,10 @@ def redis_clients(url: str, exclude: set[int]) -> int:
 
 
 def redis_clients_by_process(url: str, hub: common.Hub) -> dict[str, int]:
-    """Which hub process holds how many Redis connections (by the client's local port)."""
-    names = {}
-    for name, process in hub.processes.items():
-        names[process.pid] = name
-        with contextlib.suppress(psutil.NoSuchProcess):
-            for child in psutil.Process(process.pid).children(recursive=True):
-                names[child.pid] = f"{name}-child"
-    port = urlsplit(url).port or 6379
-    counts: dict[str, int] = {}
-    for conn in psutil.net_connections(kind="tcp"):
-        if conn.raddr and conn.raddr.port == port and conn.pid in names:
-            counts[names[conn.pid]] = counts.get(names[conn.pid], 0) + 1
-    return counts
+    """Which hub process holds how many Redis connections: Redis' CLIENT LIST matched to the
+    processes by address (bench/redis_clients.py, as tests/e2e/test_redis_connections.py)."""
+    pids = {name: process.pid for name, process in hub.processes.items()}
+    return clients_of.counts(clients_of.clients_by_process(url, pids))
 
 
 def _merged(counts: Iterable[dict[str, int]]) -> dict[str, int]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging.config
 import os
+from pathlib import Path
 from typing import Any
 
-from celery import Celery
+from celery import Celery, bootsteps
 from celery.signals import setup_logging
 
 from hub.lib.metrics_dir import sweep
@@ -22,6 +23,38 @@ if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 app = Celery("hub")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+# The worker runs without remote control (settings: CELERY_WORKER_ENABLE_REMOTE_CONTROL, two
+# Redis connections fewer), so `celery inspect ping` has nobody to answer it. Instead, with
+# CELERY_WORKER_ALIVE_FILE set, the worker's main process touches that file every
+# ALIVE_EVERY_S from its consumer's event loop (the loop that answered the ping), and
+# docker-compose's health check reads the file's age.
+ALIVE_EVERY_S = 10.0
+
+
+class AliveFile(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is untyped
+    requires = {"celery.worker.consumer.tasks:Tasks"}
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.path = os.environ.get("CELERY_WORKER_ALIVE_FILE", "")
+        self.timer_entry: Any = None
+
+    def start(self, consumer: Any) -> None:
+        if not self.path:
+            return
+        Path(self.path).touch()
+        self.timer_entry = consumer.timer.call_repeatedly(
+            ALIVE_EVERY_S, Path(self.path).touch, priority=10
+        )
+
+    def stop(self, consumer: Any) -> None:
+        if self.timer_entry is not None:
+            self.timer_entry.cancel()
+            self.timer_entry = None
+
+
+app.steps["consumer"].add(AliveFile)
 
 
 if os.environ.get("LOG_FORMAT", "").strip().lower() == "json":

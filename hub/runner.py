@@ -377,8 +377,8 @@ def serve(state: Path, host: str, port: int, web: int = 1) -> int:
         _start_web(supervisor, env, state, host, port, web)
         supervisor.start(
             "worker",
-            # Gossip and mingle sync workers with each other: one worker needs neither,
-            # and each held a Redis connection.
+            # Gossip and mingle sync workers with each other, heartbeat tells monitors that
+            # it is alive: the hub uses none of them, and each held a Redis connection.
             [
                 python,
                 "-m",
@@ -392,6 +392,7 @@ def serve(state: Path, host: str, port: int, web: int = 1) -> int:
                 "2",
                 "--without-gossip",
                 "--without-mingle",
+                "--without-heartbeat",
             ],
             env=env,
             log_path=state / "worker.log",

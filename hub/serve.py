@@ -32,11 +32,13 @@ from django.conf import settings
 from twisted.internet import reactor
 from twisted.internet.task import LoopingCall
 
+from hub.lib import channel_send
 from hub.lib.compat_daphne import (
     http_channel_of,
     make_autobahn_debug_lines_lazy,
     replace_http_factory,
     replace_ws_factory,
+    serving_loop,
 )
 from hub.lib.gc_schedule import FullCollections
 from hub.lib.metrics_dir import sweep
@@ -252,11 +254,15 @@ class RedactingCommandLineInterface(CommandLineInterface):
         tune_garbage_collection()
         schedule_full_collections()
         install_snapshot_signal()
+        # Sync code's channel sends and Redis commands run on Daphne's loop, through the
+        # channel layer's pool there: one pool (two connections) for the whole process.
+        channel_send.use_loop(serving_loop())
         # Imported here: models load only after the app's django.setup().
         from hub.agents import storm
 
-        # The offline sweep gives this process's returning agents one full deadline.
-        storm.note_web_started()
+        # The offline sweep gives this process's returning agents one full deadline. Once the
+        # loop runs (a sync call waits for it) and off it (the call blocks).
+        reactor.callWhenRunning(reactor.callInThread, storm.note_web_started)
         return ResponseSizes(application)
 
 

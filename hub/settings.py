@@ -267,7 +267,14 @@ CHANNEL_LAYERS = {
     "default": {
         # channels_redis's, with a receive that waits out a Redis outage (hub/lib/channel_layer.py).
         "BACKEND": "hub.lib.channel_layer.ResilientRedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("CHANNELS_PREFIX", REDIS_KEY_PREFIX)},
+        "CONFIG": {
+            "hosts": [REDIS_URL],
+            "prefix": env_str("CHANNELS_PREFIX", REDIS_KEY_PREFIX),
+            # Its pool per process (per event loop): at most this many connections, waited for
+            # beyond that. The hub's own Redis commands and the cache share it
+            # (hub/lib/shared_redis.py): a process holds at most 2 (docs/scaling.md).
+            "max_connections": env_int("REDIS_POOL_MAX_CONNECTIONS", 2),
+        },
     },
 }
 
@@ -287,6 +294,15 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # Queues, unacked sets and bindings under the hub's prefix too (kombu's Redis transport).
     "global_keyprefix": f"{REDIS_KEY_PREFIX}:celery:",
 }
+# Redis connections (issue 18, docs/scaling.md): a process that queues a task opens a broker
+# connection for it and closes it after (~1.5 ms more per task queued), instead of keeping a
+# pool of them (one per thread that ever queued one: the web process's views and database
+# threads). A positive number keeps up to that many open per process.
+CELERY_BROKER_POOL_LIMIT = env_int("CELERY_BROKER_POOL_LIMIT", 0)
+# No remote control (`celery inspect`, `celery control`): nothing in the hub uses it, and its
+# mailbox held two Redis connections in the worker. The worker's health check is its alive
+# file instead (hub/celery.py, docker-compose.yml).
+CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -443,7 +459,8 @@ LOGOUT_REDIRECT_URL = "home"
 # The login rate limit's counters live here, so every web process sees the same ones.
 CACHES = {
     "default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        # Django's Redis cache on the process's one Redis pool, the channel layer's.
+        "BACKEND": "hub.lib.shared_redis.SharedRedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": env_str("CACHE_PREFIX", REDIS_KEY_PREFIX),
     }

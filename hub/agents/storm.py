@@ -27,11 +27,10 @@ import logging
 import math
 import time
 
-import redis
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from hub.lib import redis_keys
+from hub.lib import redis_keys, shared_redis
 from hub.suppliers import liveness
 
 log = logging.getLogger(__name__)
@@ -63,14 +62,14 @@ def note_web_started(now: float | None = None) -> None:
         log.warning("could not note this web process's start for the offline sweep: %s", exc)
 
 
-def count_reregistration(pipe: redis.client.Pipeline, now: float) -> None:
+def count_reregistration(pipe: shared_redis.SyncPipeline, now: float) -> None:
     """Queue the count of one re-registration (a host seen before) on the caller's pipeline."""
     key = _bucket_key(int(now // BUCKET_S))
     pipe.incr(key)
     pipe.expire(key, settings.HOST_OFFLINE_AFTER_S + 2 * BUCKET_S)
 
 
-def _recent_reregistrations(client: redis.Redis, now: float) -> int:
+def _recent_reregistrations(client: shared_redis.SyncRedis, now: float) -> int:
     newest = int(now // BUCKET_S)
     buckets = math.ceil(settings.HOST_OFFLINE_AFTER_S / BUCKET_S)
     values = client.mget([_bucket_key(newest - n) for n in range(buckets + 1)])

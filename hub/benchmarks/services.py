@@ -134,7 +134,11 @@ def request_benchmark(user: User, lease_id: Any, ask: BenchmarkAsk) -> Benchmark
         # By name, through the hub's app (hub/benchmarks/tasks.py builds on this module).
         # Robust: with the broker down the row commits and fail_stale ends it later.
         run_id = str(run.pk)
-        transaction.on_commit(lambda: celery_app.send_task(RUN_TASK, args=[run_id]), robust=True)
+        # ignore_result: send_task does not know the task's own setting, and would otherwise
+        # subscribe this thread to a result nobody reads (a Redis connection per thread).
+        transaction.on_commit(
+            lambda: celery_app.send_task(RUN_TASK, args=[run_id], ignore_result=True), robust=True
+        )
     return run
 
 

@@ -100,11 +100,14 @@ def _queue_command(lease: Lease, message: CommandMessage, *, delay_s: int = 0) -
     # Celery's delay_on_commit, made robust: with the broker down the row still commits and
     # the redispatch sweep sends it later, instead of the renter's request failing. Sent by
     # name, through the hub's own Celery app: the task module (hub/leases/tasks.py) builds on
-    # this one, not the other way round.
+    # this one, not the other way round. ignore_result: send_task does not know the task's own
+    # setting, and would otherwise subscribe this thread to a result nobody reads (the result
+    # backend keeps one Redis connection per thread for that: three in a web process).
     command_id = str(command.id)
     if not delay_s:
         transaction.on_commit(
-            lambda: celery_app.send_task(DISPATCH_TASK, args=[command_id]), robust=True
+            lambda: celery_app.send_task(DISPATCH_TASK, args=[command_id], ignore_result=True),
+            robust=True,
         )
     return command
 

@@ -6,6 +6,13 @@ blip, and the fleet reconnected into a hub whose Redis was still away. Here a co
 waits with backoff and carries on when Redis is back; the socket stays up meanwhile (heartbeats
 fall back to Postgres, see hub.agents.consumer). Only the public ``receive`` is overridden:
 channels_redis releases its receive lock and buffers before it raises, so a retry starts clean.
+
+Its pool per event loop is bounded here (issue 18): ``max_connections`` (CONFIG, default 2)
+connections at most, waited for rather than opened beyond that. redis-py's own pool opens one
+more for every concurrent command and keeps them all; in the web process one is held by the
+receive loop's BZPOPMIN and the other serves everything else (sends, groups, heartbeats, the
+hub's own commands through hub.lib.shared_redis) one command or pipeline at a time. Each
+connection is named ``<prefix>:<web|worker|beat|manage>:<pid>`` (CLIENT SETNAME).
 """
 
 from __future__ import annotations
@@ -15,8 +22,11 @@ import logging
 from typing import Any
 
 from channels_redis.core import RedisChannelLayer
+from redis.asyncio import BlockingConnectionPool, ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from hub.lib.shared_redis import client_name
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +38,33 @@ _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSErro
 # channels_redis ships no type information: to mypy its layer is Any.
 class ResilientRedisChannelLayer(RedisChannelLayer):  # type: ignore[misc]
     _outage_logged = False
+
+    def __init__(
+        self, *args: Any, max_connections: int = 2, pool_timeout_s: float = 20.0, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if max_connections < 2:
+            # One is the receive loop's while it waits for a message: with one, nothing else
+            # could be sent until a message came.
+            raise ValueError("the channel layer's pool needs at least 2 connections")
+        self.max_connections = max_connections
+        self.pool_timeout_s = pool_timeout_s
+
+    def create_pool(self, index: int) -> ConnectionPool:
+        host = dict(self.hosts[index])
+        address = host.pop("address", None)
+        if address is None:  # a Sentinel or keyword configuration: channels_redis's own pool
+            pool: ConnectionPool = super().create_pool(index)
+            return pool
+        # Waits up to pool_timeout_s for a free connection, then raises ConnectionError (which
+        # receive() above waits out).
+        return BlockingConnectionPool.from_url(
+            address,
+            max_connections=self.max_connections,
+            timeout=self.pool_timeout_s,
+            client_name=client_name(),
+            **host,
+        )
 
     async def receive(self, channel: str) -> dict[str, Any]:
         delay = RETRY_FIRST_S

@@ -9,6 +9,11 @@ Submitting every send to one long-lived loop keeps one pool on the process-wide 
 and its connection is reused. Those channels_redis internals, and the upstream issues behind
 them: hub.lib.compat_channels_redis (whose tests fail if a release changes them).
 
+The web process has a loop already, Daphne's, which holds the layer's pool for its sockets:
+there ``use_loop`` makes sync code (views, the agent sockets' database threads) submit to that
+loop instead, so the process keeps one pool, not two (issue 18: at most two Redis connections
+per process). hub.lib.shared_redis runs the hub's own synchronous Redis commands the same way.
+
 Async code must not come here: it awaits the layer itself, on its own loop and pool.
 """
 
@@ -20,11 +25,13 @@ import concurrent.futures
 import os
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from channels.layers import BaseChannelLayer, get_channel_layer
 
 SEND_TIMEOUT_S = 10.0
+
+T = TypeVar("T")
 
 
 class CalledFromEventLoop(RuntimeError):
@@ -81,8 +88,24 @@ def _reset_lock_in_child() -> None:
 os.register_at_fork(after_in_child=_reset_lock_in_child)
 
 
+# The web process's own loop (Daphne's), once it says so: (the pid that set it, the loop).
+_home: tuple[int, asyncio.AbstractEventLoop] | None = None
+
+
+def use_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Run this process's sync sends and Redis calls on ``loop`` (a loop that runs for the
+    process's whole life, Daphne's) rather than on a thread of their own."""
+    global _home
+    _home = (os.getpid(), loop)
+
+
 def _loop() -> asyncio.AbstractEventLoop:
     global _runner
+    home = _home
+    # Not before it runs (a call would wait for ever) nor after it stopped, nor in a child
+    # forked from the process that set it.
+    if home is not None and home[0] == os.getpid() and home[1].is_running():
+        return home[1]
     runner = _runner
     if runner is not None and runner.pid == os.getpid():
         return runner.loop
@@ -96,10 +119,13 @@ def _loop() -> asyncio.AbstractEventLoop:
         return _runner.loop
 
 
-def _refuse_inside_event_loop(what: str) -> None:
+def _refuse_inside_event_loop(what: str, target: asyncio.AbstractEventLoop | None = None) -> None:
+    """Refuse on a thread that runs an event loop; with ``target``, only on ``target``'s."""
     try:
-        asyncio.get_running_loop()
+        running = asyncio.get_running_loop()
     except RuntimeError:
+        return
+    if target is not None and running is not target:
         return
     # Blocking this thread on a future would stall its own loop, and if it is our loop thread,
     # deadlock: the coroutine could never run.
@@ -109,34 +135,41 @@ def _refuse_inside_event_loop(what: str) -> None:
     )
 
 
-def _run(
+def call(
     what: str,
-    call: Callable[[BaseChannelLayer], Coroutine[Any, Any, None]],
-    timeout_s: float,
-) -> None:
-    _refuse_inside_event_loop(what)
+    work: Callable[[BaseChannelLayer], Coroutine[Any, Any, T]],
+    timeout_s: float = SEND_TIMEOUT_S,
+    *,
+    from_other_loops: bool = False,
+) -> T:
+    """Run ``work(layer)`` on this process's loop and return its result (blocking). ``what``
+    names it in errors. Raises ChannelSendTimeout after ``timeout_s``. ``from_other_loops``:
+    a thread that runs another event loop may call too (and blocks that loop meanwhile, as a
+    sync Redis client would: tests' async bodies); on the target loop itself it never may."""
+    loop = _loop()
+    _refuse_inside_event_loop(what, loop if from_other_loops else None)
     # The process-wide layer object: its pool for our loop is created on first use and then
     # reused (override_settings in tests swaps the object, which then gets a pool of its own).
     layer = get_channel_layer()
     if layer is None:
         raise RuntimeError("no channel layer is configured (settings.CHANNEL_LAYERS)")
-    future = asyncio.run_coroutine_threadsafe(call(layer), _loop())
+    future = asyncio.run_coroutine_threadsafe(work(layer), loop)
     done, _ = concurrent.futures.wait([future], timeout=timeout_s)
     if not done:
         future.cancel()
         raise ChannelSendTimeout(f"channel layer {what} did not finish within {timeout_s:g} s")
     # Re-raises what the layer raised (a Redis error, ChannelFull).
-    future.result()
+    return future.result()
 
 
 def send(channel: str, message: dict[str, Any], *, timeout_s: float = SEND_TIMEOUT_S) -> None:
     """Send ``message`` to one channel from synchronous code; returns once Redis has it."""
-    _run("send", lambda layer: layer.send(channel, message), timeout_s)
+    call("send", lambda layer: layer.send(channel, message), timeout_s)
 
 
 def group_send(group: str, message: dict[str, Any], *, timeout_s: float = SEND_TIMEOUT_S) -> None:
     """Send ``message`` to every channel of ``group`` from synchronous code."""
-    _run("group_send", lambda layer: layer.group_send(group, message), timeout_s)
+    call("group_send", lambda layer: layer.group_send(group, message), timeout_s)
 
 
 def close(timeout_s: float = SEND_TIMEOUT_S) -> None:

@@ -9,6 +9,12 @@
     https://github.com/django/channels_redis/issues/360, both closed); no open issue or PR
     proposes one.
 
+``RedisChannelLayer.create_pool(index)`` (public name, undocumented)
+    ``RedisLoopLayer.get_connection`` calls it for each event loop's pool; hub.lib.channel_layer
+    overrides it to bound the pool (a ``BlockingConnectionPool`` of ``max_connections``) and
+    name its connections. tests/hub/test_shared_redis.py fails if the layer's client stops
+    coming from it (its pool would be unbounded again).
+
 ``RedisChannelLayer._layers`` and ``channels_redis.utils._wrap_close`` (private)
     hub.lib.channel_send keeps one long-lived event loop per process because the layer keeps
     its Redis pools per loop: ``connection()`` looks the loop up in ``_layers`` and, the first

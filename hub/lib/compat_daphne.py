@@ -46,6 +46,13 @@ Django-free, like the rest of ``hub.lib``.
     web process's memory (issue 23's soak: the agent socket's unprocessed log_chunk frames).
     Daphne 4.2.3 has no option for it; upstream issues were not searched for this change.
 
+``daphne.server.twisted_loop`` (a module global)
+    The asyncio loop Daphne installs Twisted's reactor on, created when ``daphne.server`` is
+    imported: the loop every ASGI application of the process runs on. hub.serve hands it to
+    hub.lib.channel_send, so that sync code (views, database threads) sends and talks to Redis
+    on it, through the channel layer's one pool, instead of a loop and pool of its own.
+    Upstream: Daphne documents no way to reach its loop; none was searched for.
+
 ``autobahn.websocket.protocol.pformat`` (a module global, replaced; autobahn comes with Daphne)
     ``WebSocketProtocol._connectionMade`` pretty-prints the connection's whole configuration
     for a debug line, ``log.debug("\n{attrs}", attrs=pformat(...))``, on every connection,
@@ -116,3 +123,9 @@ def make_autobahn_debug_lines_lazy() -> None:
     from autobahn.websocket import protocol
 
     setattr(protocol, "pformat", lazy_pformat)  # noqa: B010 (a module global, replaced)
+
+
+def serving_loop() -> asyncio.AbstractEventLoop:
+    """The asyncio loop Daphne runs the reactor, and so every application, on."""
+    loop: asyncio.AbstractEventLoop = daphne_server.twisted_loop
+    return loop

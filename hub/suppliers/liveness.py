@@ -17,10 +17,9 @@ evicting when it cannot tell its own partition from the nodes' failure.
 
 from __future__ import annotations
 
-import redis
 from django.conf import settings
 
-from hub.lib import redis_keys
+from hub.lib import redis_keys, shared_redis
 
 
 def liveness_key() -> str:
@@ -35,14 +34,9 @@ def sweep_hold_key() -> str:
     return redis_keys.key("sweep-hold-until")
 
 
-_sync_client: redis.Redis | None = None
-
-
-def sync_client() -> redis.Redis:
-    global _sync_client  # one connection pool per process
-    if _sync_client is None:
-        _sync_client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
-    return _sync_client
+def sync_client() -> shared_redis.SyncRedis:
+    """The process's one Redis pool, the channel layer's (hub.lib.shared_redis), for sync code."""
+    return shared_redis.client()
 
 
 def deadline_of(host_id: int) -> float | None:

@@ -17,7 +17,9 @@ def test_task_round_trips_through_redis_to_a_real_worker(tmp_path: Path) -> None
         "celery", "-A", "hub", "worker", "-Q", queue, "-c", "1", "-P", "solo", "-l", "INFO",
         "-n", f"{queue}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
     )  # fmt: skip
-    with running(worker_argv, env=hub_env(), log=tmp_path / "worker.log") as worker:
+    alive = tmp_path / "alive"
+    env = hub_env(CELERY_WORKER_ALIVE_FILE=str(alive))
+    with running(worker_argv, env=env, log=tmp_path / "worker.log") as worker:
         result = echo.apply_async((payload,), queue=queue)
         # get() polls the Redis result backend until the deadline; the worker may still be
         # starting when the task is published, and the broker keeps it until then.
@@ -28,3 +30,6 @@ def test_task_round_trips_through_redis_to_a_real_worker(tmp_path: Path) -> None
         assert reply["payload"] == payload
         assert reply["worker_pid"] == worker.pid  # -P solo runs tasks in the worker process
         assert psutil.Process(worker.pid).is_running()
+        # docker-compose's health check of the worker (no remote control to answer `celery
+        # inspect ping`): the consumer touched its alive file when it started.
+        assert alive.exists()

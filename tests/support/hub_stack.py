@@ -111,7 +111,19 @@ def hub_stack(
             )
             stack.web_pids.append(web.pid)
         for name, argv in (
-            ("worker", ["worker", "-P", "solo", "-c", "1", "--without-gossip", "--without-mingle"]),
+            (
+                "worker",
+                [
+                    "worker",
+                    "-P",
+                    "solo",
+                    "-c",
+                    "1",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--without-heartbeat",
+                ],
+            ),
             ("beat", ["beat", "-s", str(log_dir / "celerybeat-schedule")]),
         ):
             log = log_dir / f"{name}.log"
