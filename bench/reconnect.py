@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
+import psutil
 import redis
 
 from bench import common
