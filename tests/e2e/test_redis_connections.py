@@ -9,13 +9,9 @@ connection counts whether or not the hub named it."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
-import sys
-import threading
 import uuid
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -31,58 +27,15 @@ from hub.suppliers.models import Host
 from tests.support import hub_stack
 from tests.support.agents import configure, running_agent
 from tests.support.control_plane import agent_token, lease_state
-from tests.support.hub_stack import FAST_TIMINGS, HubStack
+from tests.support.hub_stack import HubStack
 from tests.support.polling import wait_for
-from tests.support.processes import REPO_ROOT, hub_env
+from tests.support.processes import hub_env
+from tests.support.runner_process import serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 AGENTS = 3
 BUDGET = 2  # Redis connections per hub process
-
-
-@contextmanager
-def _make_run(state: Path, port: int) -> Iterator[subprocess.Popen[str]]:
-    """`make run` on the test database and Redis, without the demo agent and gateway."""
-    env = hub_env(
-        DATABASE_URL=hub_stack.test_database_url(),
-        DEBUG="1",
-        HUB_DEMO_AGENT="0",
-        HUB_DEMO_GATEWAY="0",
-        **FAST_TIMINGS,
-    )
-    process = subprocess.Popen(
-        [sys.executable, "-m", "hub.runner", "serve", "--state", str(state), "--port", str(port)],
-        cwd=REPO_ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    output: list[str] = []
-    reader = threading.Thread(target=lambda: output.extend(iter(process.stdout.readline, "")))
-    reader.start()
-
-    def healthy() -> bool:
-        assert process.poll() is None, "runner exited early:\n" + "".join(output)
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_for(healthy, timeout_s=180, interval_s=0.5, what="/healthz")
-        yield process
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        reader.join(timeout=10)
-        process.stdout.close()
 
 
 def _hub_processes(runner: subprocess.Popen[str]) -> dict[str, int]:
@@ -114,7 +67,7 @@ def test_every_hub_process_holds_at_most_two_redis_connections(tmp_path: Path) -
     renter = User.objects.create_user(username=f"renter-{uuid.uuid4().hex[:6]}")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    with _make_run(tmp_path / "state", port) as runner, ExitStack() as agents:
+    with serving(tmp_path / "state", port) as runner, ExitStack() as agents:
         stack = HubStack(web_ports=[port], env=hub_env(DATABASE_URL=hub_stack.test_database_url()))
         token = agent_token(stack, supplier)
         for n in range(AGENTS):

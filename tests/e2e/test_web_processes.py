@@ -8,16 +8,11 @@ a restart of one web process moves only the agents it held."""
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
-import sys
-import threading
 import uuid
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
@@ -27,58 +22,15 @@ from hub.suppliers.models import Host, HostTransition
 from tests.support import hub_stack
 from tests.support.agents import configure, running_agent
 from tests.support.control_plane import agent_token, lease_state, start_lease
-from tests.support.hub_stack import FAST_TIMINGS, HubStack
+from tests.support.hub_stack import HubStack
 from tests.support.polling import wait_for
-from tests.support.processes import REPO_ROOT, hub_env
+from tests.support.processes import hub_env
+from tests.support.runner_process import serving
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(shutil.which("nginx") is None, reason="--web N needs nginx (nginx-light)"),
 ]
-
-
-@contextmanager
-def _runner(state: Path, port: int, webs: int) -> Iterator[subprocess.Popen[str]]:
-    env = hub_env(
-        DATABASE_URL=hub_stack.test_database_url(),
-        DEBUG="1",
-        HUB_DEMO_AGENT="0",
-        HUB_DEMO_GATEWAY="0",
-        **FAST_TIMINGS,
-    )
-    argv = [sys.executable, "-m", "hub.runner", "serve", "--state", str(state)]
-    process = subprocess.Popen(
-        [*argv, "--port", str(port), "--web", str(webs)],
-        cwd=REPO_ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    output: list[str] = []
-    reader = threading.Thread(target=lambda: output.extend(iter(process.stdout.readline, "")))
-    reader.start()
-
-    def healthy() -> bool:
-        assert process.poll() is None, "runner exited early:\n" + "".join(output)
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_for(healthy, timeout_s=180, interval_s=0.5, what="/healthz through nginx")
-        yield process
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        reader.join(timeout=10)
-        process.stdout.close()
 
 
 def _daphne_on(runner: subprocess.Popen[str], port: int) -> psutil.Process:
@@ -113,7 +65,7 @@ def test_two_web_processes_share_the_agents_and_a_restart_moves_only_its_own(
     supplier = User.objects.create_user(username=f"supplier-{uuid.uuid4().hex[:6]}")
     renter = User.objects.create_user(username=f"renter-{uuid.uuid4().hex[:6]}")
     port = free_port()
-    with _runner(tmp_path / "state", port, webs=2) as runner, ExitStack() as agents:
+    with serving(tmp_path / "state", port, "--web", "2") as runner, ExitStack() as agents:
         stack = HubStack(web_ports=[port], env=hub_env(DATABASE_URL=hub_stack.test_database_url()))
         token = agent_token(stack, supplier)
         for n in range(2):
