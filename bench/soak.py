@@ -151,15 +151,19 @@ def _floor_slope_per_hour(
         return None
     start = samples[0]["t"]
     floors: dict[int, dict[str, float]] = {}
+    counts: dict[int, int] = {}
     for sample in samples:
         if key not in sample:
             continue
         index = int((sample["t"] - start) // bin_s)
+        counts[index] = counts.get(index, 0) + 1
         if index not in floors or sample[key] < floors[index][key]:
             floors[index] = sample
-    if len(floors) < 3:
+    # A window cut short by the end of the run has fewer chances to see the floor: left out.
+    full = [floors[i] for i in floors if counts[i] * 2 >= max(counts.values())]
+    if len(full) < 3:
         return None
-    return _slope_per_hour(list(floors.values()), key)
+    return _slope_per_hour(full, key)
 
 
 def _page(
