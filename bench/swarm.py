@@ -60,6 +60,21 @@ def register_frame(agent_id: str) -> str:
     })  # fmt: skip
 
 
+async def _await_probe_answer(ws: Any) -> None:
+    """Read up to the probe's answer (an error: its type is unknown). The hub also sends
+    frames of its own after a heartbeat (a round-trip ``ping`` 30 s after registering, then
+    every 5 minutes): answered with ``pong`` as the real agent does, and not taken for the
+    probe's answer. Taking them for it shifted every later reading of that agent by one
+    frame, to the previous probe's answer already waiting: ~0.05 ms whatever the hub did."""
+    while True:
+        frame = json.loads(await ws.recv())
+        if frame.get("type") == "ping":
+            await ws.send(json.dumps({"type": "pong", "v": 1, "nonce": frame.get("nonce", "")}))
+            continue
+        if frame.get("type") == "error":
+            return
+
+
 def heartbeat_frame(agent_id: str) -> str:
     return json.dumps({"type": "heartbeat", "v": 1, "gpus": [_gpu(agent_id)], "claims": []})
 
@@ -141,7 +156,7 @@ async def _session(index: int, agent_id: str, state: SwarmState) -> None:
                 await ws.send(heartbeat)
                 if state.probe:
                     await ws.send(PROBE)
-                    await ws.recv()
+                    await _await_probe_answer(ws)
                     state.latencies.append(time.perf_counter() - started)
                 if next_beat < time.monotonic():
                     next_beat = time.monotonic()  # late: do not bunch up the missed ones
