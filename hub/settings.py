@@ -331,8 +331,12 @@ AGENT_HEARTBEAT_INTERVAL_S = env_int("AGENT_HEARTBEAT_INTERVAL_S", 15)
 # An agent socket must send `register` this soon after connecting.
 AGENT_REGISTER_TIMEOUT_S = env_int("AGENT_REGISTER_TIMEOUT_S", 30)
 # The hub times a ping to each agent (the round trip on offers): first this long after it
-# registers (with its next heartbeat), then every AGENT_RTT_PING_INTERVAL_S.
+# registers (with its next heartbeat), plus a random share of AGENT_RTT_FIRST_PING_SPREAD_S,
+# then every AGENT_RTT_PING_INTERVAL_S. The spread: after a restart the whole fleet registers
+# within a minute, and 10,000 first pongs at once were 10,000 row writes at once
+# (docs/benchmarks.md, issue 15 fourth session).
 AGENT_RTT_FIRST_PING_S = env_int("AGENT_RTT_FIRST_PING_S", 30)
+AGENT_RTT_FIRST_PING_SPREAD_S = env_int("AGENT_RTT_FIRST_PING_SPREAD_S", 270)
 AGENT_RTT_PING_INTERVAL_S = env_int("AGENT_RTT_PING_INTERVAL_S", 300)
 # Hosts one agent token may hold: a leaked token cannot fill the fleet with made-up hosts.
 MAX_HOSTS_PER_TOKEN = env_int("MAX_HOSTS_PER_TOKEN", 256)

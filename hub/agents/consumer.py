@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import random
 import secrets
 import time
 import weakref
@@ -487,7 +488,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self._send(frame)
         # Not at once: with a heartbeat, once the agent has settled in (its start-up work
         # would count as network time otherwise).
-        self._ping_due = time.monotonic() + settings.AGENT_RTT_FIRST_PING_S
+        self._ping_due = (
+            time.monotonic()
+            + settings.AGENT_RTT_FIRST_PING_S
+            + random.uniform(0, settings.AGENT_RTT_FIRST_PING_SPREAD_S)  # noqa: S311 (spread)
+        )
 
     async def _heartbeat(self, message: Heartbeat) -> None:
         assert self.host_id is not None

@@ -757,6 +757,7 @@ async def test_the_hub_times_a_ping_to_the_agent_and_keeps_the_round_trip(settin
     """Issue 20 item 3: the round trip on offers is the hub's own measure (ping, pong), taken
     with a heartbeat once the agent has settled in; a pong that is not ours changes nothing."""
     settings.AGENT_RTT_FIRST_PING_S = 0
+    settings.AGENT_RTT_FIRST_PING_SPREAD_S = 0
     _, plaintext = await _supplier_token()
     with f.private_pending_hash():
         communicator, welcome = await _registered(plaintext)
