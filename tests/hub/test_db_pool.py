@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +11,7 @@ from django.db import connection
 from psycopg_pool import ConnectionPool
 
 from hub.lib import db_pool
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -56,10 +56,12 @@ def test_a_connection_the_server_ended_is_replaced_however_recently_it_was_lent(
         admin.execute("SELECT pg_terminate_backend(%s)", [doomed])
     # The server's goodbye (an error message, then EOF) reaches the idle socket: wait for it,
     # as a restart's would have arrived before the next request.
-    deadline = time.monotonic() + 10
-    while not db_pool._has_input_fd(socket):
-        assert time.monotonic() < deadline, "the terminated backend's socket never got readable"
-        time.sleep(0.01)
+    wait_for(
+        lambda: db_pool._has_input_fd(socket),
+        timeout_s=10,
+        interval_s=0.01,
+        what="the terminated backend's socket to get readable",
+    )
     with pool.connection() as conn:
         assert _backend_pid(conn) != doomed  # a new connection, not a failed query
 
