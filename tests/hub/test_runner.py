@@ -28,6 +28,7 @@ from hub.lib.ports import free_port
 from tests.support.gateway import require_gateway
 from tests.support.polling import wait_for
 from tests.support.processes import REPO_ROOT
+from tests.support.runner_process import stop
 
 # Whatever points the tests at external services must not reach the runner: it has to start
 # its own embedded ones.
@@ -82,14 +83,7 @@ def runner(state: Path, **extra_env: str) -> Iterator[Runner]:
         )
         yield run
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        reader.join(timeout=10)
-        process.stdout.close()
+        stop(process, reader)
 
 
 def _healthy(run: Runner) -> bool:

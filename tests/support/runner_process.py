@@ -57,11 +57,17 @@ def serving(state: Path, port: int, *options: str) -> Iterator[subprocess.Popen[
         wait_for(healthy, timeout_s=180, interval_s=0.5, what=f"/healthz on port {port}")
         yield process
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        reader.join(timeout=10)
-        stdout.close()
+        stop(process, reader)
+
+
+def stop(process: subprocess.Popen[str], reader: threading.Thread) -> None:
+    """Ctrl-C, as a person stops `make run`, then kill after 90 s; the output reader joined."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    reader.join(timeout=10)
+    if process.stdout is not None:
+        process.stdout.close()
