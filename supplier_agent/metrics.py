@@ -18,7 +18,6 @@ every user of the host can read in the process list) a scrape must send
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 import socket
 import threading
@@ -32,6 +31,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from supplier_agent.config import is_loopback
 from supplier_agent.gpu import GpuQueryError, Nvml
 from supplier_agent.gpu_health import HealthWatch
 from supplier_agent.protocol import GpuHealth
@@ -81,15 +81,6 @@ def read_token(token_file: str | None, environ: MutableMapping[str, str]) -> str
             "make one with: python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
         )
     return token
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name: it may resolve anywhere
 
 
 def parse_address(text: str) -> tuple[str, int]:
