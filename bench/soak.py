@@ -268,10 +268,11 @@ def _warm_up_s(minutes: float) -> float:
     return max(300.0, minutes * 60 / 6)
 
 
-def _snapshot_growth(folder: Path, top: int = 25) -> list[dict[str, Any]]:
-    """What grew between the web process's first and last tracemalloc snapshots, by line."""
+def _snapshot_growth(folder: Path, process: str, top: int = 25) -> list[dict[str, Any]]:
+    """What grew between a process's first and last tracemalloc snapshots ("web" or "agent"),
+    by line."""
     deadline = time.monotonic() + 60
-    while len(dumps := sorted(folder.glob("web-*.tracemalloc"))) < 2:
+    while len(dumps := sorted(folder.glob(f"{process}-*.tracemalloc"))) < 2:
         if time.monotonic() > deadline:
             return []
         time.sleep(1)
@@ -334,6 +335,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ["--gpu-devices", "none", "--lock-dir", str(Path(folder) / "locks")],
             agent_env(
                 CLOUDGPU_CONTAINER_LOG_MIB=str(args.container_log_mib),
+                # The agent too traces, and snapshots on SIGUSR2 (supplier_agent/profiling.py).
+                **({"CLOUDGPU_TRACEMALLOC_DIR": str(snapshots)} if args.tracemalloc else {}),
                 **fake_nvml_env(table.path),
             ),
         )
@@ -370,6 +373,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if args.tracemalloc and snapshot_at and time.monotonic() >= snapshot_at[0]:
                     snapshot_at.pop(0)
                     os.kill(pids["web"], signal.SIGUSR2)
+                    os.kill(pids["agent"], signal.SIGUSR2)
                 if time.monotonic() >= ends_at:
                     break
                 print(json.dumps({k: round(v, 2) for k, v in samples[-1].items()}), flush=True)
@@ -385,7 +389,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     docker_client.close()
     warm_up_s = _warm_up_s(args.minutes)
     if args.tracemalloc:
-        result["tracemalloc_growth"] = _snapshot_growth(snapshots)
+        result["tracemalloc_growth"] = _snapshot_growth(snapshots, "web")
+        result["agent_tracemalloc_growth"] = _snapshot_growth(snapshots, "agent")
     start = samples[0]["t"]
     settled = [s for s in samples if s["t"] - start >= warm_up_s] or samples
     keys = [k for k in samples[-1] if k != "t"]
@@ -471,7 +476,8 @@ def main() -> None:
     soak.add_argument(
         "--tracemalloc",
         action="store_true",
-        help="trace the web process's allocations and report what grew after the warm-up "
+        help="trace the web process's and the agent's allocations and report what grew after "
+        "the warm-up "
         "(slower, and RSS then includes tracemalloc's own)",
     )
     soak.add_argument("--result", default="soak", help="bench/results/<name>.json")

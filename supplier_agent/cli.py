@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from supplier_agent import __version__
+from supplier_agent import __version__, profiling
 from supplier_agent.config import (
     COMPUTE_MODES,
     GPU_DEVICES,
@@ -351,9 +351,12 @@ def cmd_run(
             print(f"cloudgpu-agent: cannot serve metrics: {exc}", file=sys.stderr)
             return EXIT_USAGE if isinstance(exc, metrics.MetricsSetupError) else EXIT_ERROR
 
+    snapshots = profiling.start()
+
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        profiling.on_sigusr2(loop, snapshots)
 
         def on_signal(signum: int) -> None:
             if stop.is_set():
