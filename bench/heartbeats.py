@@ -151,7 +151,14 @@ def ramp(args: argparse.Namespace) -> dict[str, Any]:
     b_pg1 = result["baselines"]["B_pg1_updates_per_s"]
     steps: list[dict[str, Any]] = []
     swarms: list[Swarm] = []
-    with common.Hub(env).start() as hub:
+    result["web_processes"] = args.webs
+    with common.Hub(env, webs=args.webs).start() as hub:
+        # One web process keeps the name "daphne" (earlier results); several are named each.
+        web_pids = (
+            {"daphne": hub.pid("web")}
+            if args.webs == 1
+            else {f"daphne-{name}": hub.pid(name) for name in hub.web_names}
+        )
         try:
             total = 0
             for target in args.steps:
@@ -162,7 +169,7 @@ def ramp(args: argparse.Namespace) -> dict[str, Any]:
                 time.sleep(args.settle)
                 common.pg_flush_stats(env["DATABASE_URL"])
                 pg_before = common.pg_snapshot(env["DATABASE_URL"])
-                cpu = common.CpuMeter({"daphne": hub.pid("web"), **common.server_pids()})
+                cpu = common.CpuMeter({**web_pids, **common.server_pids()})
                 windows = []
                 for _ in range(args.repeats):
                     window = _window_all(swarms, args.window)
@@ -220,7 +227,6 @@ def main() -> None:
     held_parser.add_argument("--hold", type=float, default=600.0, help="seconds held")
     held_parser.add_argument("--window", type=float, default=60.0, help="seconds per window")
     held_parser.add_argument("--connect-timeout", type=float, default=600.0)
-    held_parser.add_argument("--webs", type=int, default=1, help="web (Daphne) processes")
     ramp_parser = modes.add_parser("ramp", help="interval 1 s: heartbeats/s until p99 > 100 ms")
     ramp_parser.add_argument(
         "--steps",
@@ -232,6 +238,7 @@ def main() -> None:
     ramp_parser.add_argument("--settle", type=float, default=6.0)
     ramp_parser.add_argument("--connect-timeout", type=float, default=300.0)
     for sub in (held_parser, ramp_parser):
+        sub.add_argument("--webs", type=int, default=1, help="web (Daphne) processes")
         sub.add_argument(
             "--set",
             dest="hub_settings",
