@@ -9,7 +9,11 @@ Quiet, that is the same one round trip as before; under load it is one connectio
 pipelines a second instead of thousands of commands (docs/benchmarks.md).
 
 Telemetry due for Postgres (on change, or every HOST_STATS_WRITE_INTERVAL_S) waits in the hash
-``pending_key()``, newest per host, until ``take_pending`` hands it to the flush task.
+``pending_key()``, newest per host, until ``take_pending`` hands it to the flush task. The
+hub's ping-to-pong round trip to each agent (issue 20) rides the same pipelines into the hash
+``rtt_key()`` and the same flush: at 10,000 agents the first round trips after a restart were
+~30 row writes a second from the web process, each its own database thread hop and commit,
+which cost the held heartbeat p99 (docs/benchmarks.md, issue 15).
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ def pending_key() -> str:
     return redis_keys.key("host-telemetry-pending")
 
 
+def rtt_key() -> str:
+    return redis_keys.key("host-rtt-pending")
+
+
 def pending_entry(frame: str, at: float) -> str:
     """What waits in Redis for one host: its last heartbeat frame as the agent's protocol
     encodes it, and when it arrived."""
@@ -42,15 +50,23 @@ class _GroupCommit:
     def __init__(self) -> None:
         self._deadlines: dict[str, float] = {}
         self._pending: dict[str, str] = {}
+        self._rtts: dict[str, int] = {}
         self._waiters: list[asyncio.Future[None]] = []
         self._writer: asyncio.Task[None] | None = None
 
     async def record(self, host_id: int, deadline: float, pending: str | None) -> None:
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
         self._deadlines[str(host_id)] = deadline
         if pending is not None:
             self._pending[str(host_id)] = pending
+        await self._next_write()
+
+    async def record_rtt(self, host_id: int, rtt_ms: int) -> None:
+        self._rtts[str(host_id)] = rtt_ms
+        await self._next_write()
+
+    async def _next_write(self) -> None:
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
         self._waiters.append(waiter)
         if self._writer is None or self._writer.done():
             self._writer = loop.create_task(self._write())
@@ -58,16 +74,20 @@ class _GroupCommit:
 
     async def _write(self) -> None:
         while self._waiters:
-            deadlines, pending, waiters = self._deadlines, self._pending, self._waiters
-            self._deadlines, self._pending, self._waiters = {}, {}, []
+            deadlines, pending, rtts = self._deadlines, self._pending, self._rtts
+            waiters = self._waiters
+            self._deadlines, self._pending, self._rtts, self._waiters = {}, {}, {}, []
             try:
                 # The channel layer's own pool on the same Redis: no second pool per process,
                 # and it is closed with its loop. One writer at a time: one connection.
                 connection = layer_redis(get_channel_layer())
                 async with connection.pipeline(transaction=False) as pipe:
-                    pipe.zadd(liveness.liveness_key(), deadlines)
+                    if deadlines:
+                        pipe.zadd(liveness.liveness_key(), deadlines)
                     if pending:
                         pipe.hset(pending_key(), mapping=pending)
+                    if rtts:
+                        pipe.hset(rtt_key(), mapping=rtts)
                     await pipe.execute()
             except Exception as exc:  # every waiter learns it; the caller decides
                 for waiter in waiters:
@@ -87,11 +107,21 @@ _per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _GroupCommit] = 
 async def record(host_id: int, deadline: float, pending: str | None = None) -> None:
     """Store the host's new liveness deadline (and its telemetry, if due for Postgres); returns
     once Redis has both. Raises RedisError when Redis cannot be written."""
+    await _group_commit().record(host_id, deadline, pending)
+
+
+def _group_commit() -> _GroupCommit:
     loop = asyncio.get_running_loop()
     batch = _per_loop.get(loop)
     if batch is None:
         batch = _per_loop[loop] = _GroupCommit()
-    await batch.record(host_id, deadline, pending)
+    return batch
+
+
+async def record_rtt(host_id: int, rtt_ms: int) -> None:
+    """Store the host's round trip for the flush task (which writes it to Postgres, many hosts
+    per statement); returns once Redis has it. Raises RedisError when Redis cannot be written."""
+    await _group_commit().record_rtt(host_id, rtt_ms)
 
 
 # --- the flush side (sync: the beat task) -----------------------------------------------------
@@ -114,4 +144,29 @@ def give_back(entries: Mapping[int, str]) -> None:
     pipe = liveness.sync_client().pipeline(transaction=False)
     for host_id, value in entries.items():
         pipe.hsetnx(pending_key(), str(host_id), value)
+    pipe.execute()
+
+
+def take_rtts() -> dict[int, int]:
+    """Every host's pending round trip, removed from Redis atomically."""
+    pipe = liveness.sync_client().pipeline(transaction=True)
+    pipe.hgetall(rtt_key())
+    pipe.delete(rtt_key())
+    entries, _ = pipe.execute()
+    taken: dict[int, int] = {}
+    for host, value in entries.items():
+        try:
+            taken[int(host)] = int(value)
+        except ValueError:
+            continue  # not one of ours: nothing to write
+    return taken
+
+
+def give_back_rtts(rtts: Mapping[int, int]) -> None:
+    """Round trips a flush could not write go back, unless a newer one came in."""
+    if not rtts:
+        return
+    pipe = liveness.sync_client().pipeline(transaction=False)
+    for host_id, rtt_ms in rtts.items():
+        pipe.hsetnx(rtt_key(), str(host_id), rtt_ms)
     pipe.execute()

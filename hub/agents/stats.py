@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -64,6 +64,25 @@ WHERE g.host_id = v.host_id AND g."index" = v.idx
   AND (g.stats_updated_at IS NULL OR g.stats_updated_at <= v.at)
 RETURNING g.id, v.at, v.util, v.used, v.total
 """
+
+
+# The hub's round trip to each agent (heartbeat_batch.record_rtt), many hosts at once; only rows
+# whose figure changed are touched.
+_RTTS_SQL = """
+UPDATE suppliers_host AS h
+SET rtt_ms = v.rtt
+FROM unnest(%s::bigint[], %s::int[]) AS v(id, rtt)
+WHERE h.id = v.id AND h.rtt_ms IS DISTINCT FROM v.rtt
+"""
+RTT_MAX_MS = 2**31 - 1  # the column's int
+
+
+def write_rtts(rtts: Mapping[int, int]) -> None:
+    if not rtts:
+        return
+    hosts = sorted(rtts)  # the same row order as the telemetry writes: no deadlock between them
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_RTTS_SQL, [hosts, [max(0, min(rtts[host], RTT_MAX_MS)) for host in hosts]])
 
 
 def write(items: Iterable[HostStats]) -> None:
@@ -172,6 +191,12 @@ def flush_pending() -> int:
             left = {item.host_id for later in batches[done:] for item in later}
             heartbeat_batch.give_back({h: v for h, v in entries.items() if h in left})
             raise
+    rtts = heartbeat_batch.take_rtts()
+    try:
+        write_rtts(rtts)
+    except DatabaseError:
+        heartbeat_batch.give_back_rtts(rtts)
+        raise
     return len(items)
 
 

@@ -15,7 +15,7 @@ from datetime import timedelta
 import pytest
 import redis
 from django.conf import settings
-from django.db import connection
+from django.db import IntegrityError, connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -228,3 +228,54 @@ def test_an_entry_that_postgres_refuses_is_dropped_alone_from_its_batch() -> Non
 
     written = {g.host_id: g.utilization_pct for g in Gpu.objects.filter(host__in=hosts)}
     assert [written[h.pk] for h in hosts] == [33, 33, 0, 33, 33]
+
+
+async def test_round_trips_share_the_heartbeats_redis_writes() -> None:
+    # Issue 20's pings, answered by a fleet at once: the group commit, not a write each, and
+    # no ZADD of nothing when only round trips are waiting.
+    await asyncio.gather(*(heartbeat_batch.record_rtt(host, host * 3) for host in range(1, 101)))
+    stored = liveness.sync_client().hgetall(heartbeat_batch.rtt_key())
+    assert {int(k): int(v) for k, v in stored.items()} == {h: h * 3 for h in range(1, 101)}
+    assert liveness.sync_client().zcard(liveness.liveness_key()) == 0
+
+
+def test_the_flush_writes_round_trips_many_hosts_per_statement() -> None:
+    hosts = [f.register_host(gpus=[0]) for _ in range(20)]
+    Host.objects.filter(pk=hosts[0].pk).update(rtt_ms=7)
+    client = liveness.sync_client()
+    client.hset(
+        heartbeat_batch.rtt_key(),
+        mapping={
+            **{str(h.pk): n + 7 for n, h in enumerate(hosts)},  # hosts[0]: 7, unchanged
+            "not-a-host": 5,
+            "99999999": "not-a-number",
+        },
+    )
+
+    with CaptureQueriesContext(connection) as queries:
+        assert stats.flush_pending() == 0  # no telemetry was pending
+    updates = [q for q in queries.captured_queries if "rtt_ms" in q["sql"]]
+    assert len(updates) == 1
+
+    assert {h.pk: h.rtt_ms for h in Host.objects.filter(pk__in=[h.pk for h in hosts])} == {
+        h.pk: n + 7 for n, h in enumerate(hosts)
+    }
+    assert client.exists(heartbeat_batch.rtt_key()) == 0
+
+
+def test_round_trips_a_failed_flush_took_go_back_for_the_next() -> None:
+    host = f.register_host(gpus=[0])
+    client = liveness.sync_client()
+    client.hset(heartbeat_batch.rtt_key(), mapping={str(host.pk): 41})
+    with connection.cursor() as cursor:
+        # The write fails in Postgres itself, as when the server goes away mid-flush.
+        cursor.execute("ALTER TABLE suppliers_host ADD CONSTRAINT rtt_under_40 CHECK (rtt_ms < 40)")
+    try:
+        with pytest.raises(IntegrityError):
+            stats.flush_pending()
+        assert int(client.hget(heartbeat_batch.rtt_key(), str(host.pk))) == 41
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE suppliers_host DROP CONSTRAINT rtt_under_40")
+    assert stats.flush_pending() == 0
+    assert Host.objects.get(pk=host.pk).rtt_ms == 41
