@@ -127,34 +127,39 @@ async def record_rtt(host_id: int, rtt_ms: int) -> None:
 # --- the flush side (sync: the beat task) -----------------------------------------------------
 
 
-def take_pending() -> dict[int, str]:
-    """Every host's pending telemetry, removed from Redis atomically: what arrives meanwhile
-    waits for the next flush."""
+def _take(key: str) -> dict[bytes, bytes]:
+    """A hash's every field, removed from Redis atomically: what arrives meanwhile waits for
+    the next flush."""
     pipe = liveness.sync_client().pipeline(transaction=True)
-    pipe.hgetall(pending_key())
-    pipe.delete(pending_key())
+    pipe.hgetall(key)
+    pipe.delete(key)
     entries, _ = pipe.execute()
-    return {int(host): value.decode() for host, value in entries.items()}
+    return entries  # type: ignore[no-any-return]
 
 
-def give_back(entries: Mapping[int, str]) -> None:
-    """Entries a flush could not write go back, unless a newer one for the host came in."""
+def _give_back(key: str, entries: Mapping[int, str | int]) -> None:
+    """What a flush could not write goes back, unless a newer value for the host came in."""
     if not entries:
         return
     pipe = liveness.sync_client().pipeline(transaction=False)
     for host_id, value in entries.items():
-        pipe.hsetnx(pending_key(), str(host_id), value)
+        pipe.hsetnx(key, str(host_id), value)
     pipe.execute()
 
 
+def take_pending() -> dict[int, str]:
+    """Every host's pending telemetry."""
+    return {int(host): value.decode() for host, value in _take(pending_key()).items()}
+
+
+def give_back(entries: Mapping[int, str]) -> None:
+    _give_back(pending_key(), entries)
+
+
 def take_rtts() -> dict[int, int]:
-    """Every host's pending round trip, removed from Redis atomically."""
-    pipe = liveness.sync_client().pipeline(transaction=True)
-    pipe.hgetall(rtt_key())
-    pipe.delete(rtt_key())
-    entries, _ = pipe.execute()
+    """Every host's pending round trip."""
     taken: dict[int, int] = {}
-    for host, value in entries.items():
+    for host, value in _take(rtt_key()).items():
         try:
             taken[int(host)] = int(value)
         except ValueError:
@@ -163,10 +168,4 @@ def take_rtts() -> dict[int, int]:
 
 
 def give_back_rtts(rtts: Mapping[int, int]) -> None:
-    """Round trips a flush could not write go back, unless a newer one came in."""
-    if not rtts:
-        return
-    pipe = liveness.sync_client().pipeline(transaction=False)
-    for host_id, rtt_ms in rtts.items():
-        pipe.hsetnx(rtt_key(), str(host_id), rtt_ms)
-    pipe.execute()
+    _give_back(rtt_key(), rtts)
