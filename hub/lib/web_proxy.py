@@ -36,7 +36,13 @@ class WebProxy:
     upstream_ports: tuple[int, ...]
 
     def config(self) -> str:
-        servers = "\n".join(f"        server 127.0.0.1:{port};" for port in self.upstream_ports)
+        # max_fails=0: nginx's default marks a process that refused one connection (it was
+        # starting or restarting) unusable for 10 s, and least_conn then hands every agent that
+        # returns meanwhile to the others; a refused loopback connect costs nothing, so keep
+        # trying it (proxy_next_upstream moves on) and the restarted process fills up again.
+        servers = "\n".join(
+            f"        server 127.0.0.1:{port} max_fails=0;" for port in self.upstream_ports
+        )
         folder = self.folder
         return f"""# Written by `hub.runner serve --web N`; edits are overwritten on start.
 worker_processes 1;

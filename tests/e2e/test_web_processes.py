@@ -13,6 +13,7 @@ import uuid
 from contextlib import ExitStack
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
@@ -46,6 +47,13 @@ def _daphne_on(runner: subprocess.Popen[str], port: int) -> psutil.Process:
     raise AssertionError(f"no Daphne listens on {port}")
 
 
+def _answers(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def _process_of(channel_name: str) -> str:
     # channels_redis names a socket's channel "specific.<process prefix>!<socket>".
     return channel_name.partition(".")[2].partition("!")[0]
@@ -66,6 +74,11 @@ def test_two_web_processes_share_the_agents_and_a_restart_moves_only_its_own(
     renter = User.objects.create_user(username=f"renter-{uuid.uuid4().hex[:6]}")
     port = free_port()
     with serving(tmp_path / "state", port, "--web", "2") as runner, ExitStack() as agents:
+        # /healthz through nginx answers once one process does; the spread below needs both.
+        for upstream in (port + 1, port + 2):
+            wait_for(
+                lambda u=upstream: _answers(u), timeout_s=120, what=f"the process on {upstream}"
+            )
         stack = HubStack(web_ports=[port], env=hub_env(DATABASE_URL=hub_stack.test_database_url()))
         token = agent_token(stack, supplier)
         for n in range(2):

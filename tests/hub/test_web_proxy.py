@@ -17,7 +17,7 @@ def test_the_proxy_spreads_over_the_ports_after_its_own() -> None:
     config = proxy.config()
     assert "listen 127.0.0.1:8000;" in config
     for port in (8001, 8002, 8003):
-        assert f"server 127.0.0.1:{port};" in config
+        assert f"server 127.0.0.1:{port} max_fails=0;" in config
     assert "least_conn;" in config  # a restarted process takes the returning agents
 
 
