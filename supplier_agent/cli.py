@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from supplier_agent import __version__, profiling
+from supplier_agent import __version__, native_memory, profiling
 from supplier_agent.config import (
     COMPUTE_MODES,
     GPU_DEVICES,
@@ -323,6 +323,7 @@ def cmd_run(
     from supplier_agent.logjson import bind
     from supplier_agent.state import AgentState, lock_state_dir
 
+    native_memory.limit_arenas()  # before any thread: each thread's arena is made on first use
     _setup_logging(config.log_level)
     lock_state_dir(config.state_dir)  # held until the process exits
     state = AgentState(config.state_dir)
@@ -369,7 +370,12 @@ def cmd_run(
 
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, on_signal, signum)
-        await agent.run(stop)
+        trimming = asyncio.create_task(native_memory.trim_periodically(stop))
+        try:
+            await agent.run(stop)
+        finally:
+            stop.set()
+            await trimming
 
     logging.getLogger("cloudgpu.agent").info(
         "cloudgpu-agent %s starting (runtime %s, hub %s, agent id %s)",
