@@ -218,6 +218,47 @@ def create_user_and_token(env: dict[str, str], username: str) -> str:
     return manage(env, "hub", "token", "create", "--owner", username, "--default-price", "0")
 
 
+# Reads "prefix digest" lines on stdin: one supplier and one token per line.
+_ONE_HOST_SUPPLIERS = """
+import sys
+from hub.accounts.models import User
+from hub.suppliers.models import AgentToken
+rows = [line.split() for line in sys.stdin.read().splitlines()]
+users = User.objects.bulk_create(
+    [User(username=f"bench-host-{n}") for n in range(len(rows))], batch_size=1000
+)
+AgentToken.objects.bulk_create(
+    [
+        AgentToken(owner=u, prefix=p, digest=d, default_price_per_hour_micros=0)
+        for u, (p, d) in zip(users, rows)
+    ],
+    batch_size=1000,
+)
+"""
+
+
+def create_one_host_suppliers(env: dict[str, str], count: int, folder: Path) -> Path:
+    """``count`` suppliers with a token each, as a fleet of one-host suppliers is: no token is
+    shared, so no socket benefits from another's token check. Returns the file of the tokens'
+    plaintexts, one per line (mode 0600; the Django process sees only their digests)."""
+    from hub.lib import tokens
+
+    plaintexts = [tokens.generate_token() for _ in range(count)]
+    manage(
+        env,
+        "shell",
+        "-c",
+        _ONE_HOST_SUPPLIERS,
+        stdin="".join(f"{tokens.visible_prefix(t)} {tokens.digest(t)}\n" for t in plaintexts),
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "bench-tokens.txt"
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text("".join(f"{t}\n" for t in plaintexts))
+    return path
+
+
 def setup_django(env: dict[str, str]) -> None:
     """Use the hub's models and services in this process (same database as the hub)."""
     keys = ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "DEBUG", "CHANNELS_PREFIX")

@@ -137,10 +137,20 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--webs", type=int, default=1, help="web (Daphne) processes")
     parser.add_argument("--name", default="", help="suffix of the result file")
+    parser.add_argument(
+        "--tokens",
+        choices=("shared", "per-host"),
+        default="shared",
+        help="shared: one supplier's token for every agent (its check is cached per process);"
+        " per-host: a supplier and token for each agent, a fleet of one-host suppliers",
+    )
     args = parser.parse_args()
     env = common.bench_env()
     common.prepare(env)
     token = common.create_user_and_token(env, "bench-supplier")
+    token_file = None
+    if args.tokens == "per-host":
+        token_file = common.create_one_host_suppliers(env, args.agents, common.LOG_DIR)
     result: dict[str, Any] = {"figure": "reconnect storm", "machine": common.machine()}
     result["baselines"] = {
         "B_pg1_updates_per_s": round(common.baseline_pg1(env["DATABASE_URL"])),
@@ -150,7 +160,10 @@ def main() -> None:
     exclude = {int(own.client_id())}
     restarts = []
     hub_processes = common.Hub(env, webs=args.webs)
-    with hub_processes.start() as hub, Swarm(hub.ws_url, token, args.agents) as swarm:
+    with (
+        hub_processes.start() as hub,
+        Swarm(hub.ws_url, token, args.agents, token_file=token_file) as swarm,
+    ):
         connected = swarm.wait_connected(args.timeout)
         result["initial_connect"] = connected
         cpu_before_settle = web_cpu_s(hub)
@@ -208,10 +221,13 @@ def main() -> None:
             )
             print(f"[reconnect] {restarts[-1]}", flush=True)
     own.close()
+    if token_file is not None:
+        token_file.unlink()
     done = [r["all_back_s"] for r in restarts if "all_back_s" in r]
     result.update(
         agents=args.agents,
         web_processes=args.webs,
+        tokens=args.tokens,
         restarts=restarts,
         all_back_s_median=common.median(done) if done else None,
         all_back_s_max=max(done) if done else None,

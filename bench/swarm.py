@@ -27,7 +27,9 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -82,7 +84,7 @@ def heartbeat_frame(agent_id: str) -> str:
 @dataclass
 class SwarmState:
     url: str
-    token: str
+    tokens: list[str]  # agent ``index`` uses tokens[index % len(tokens)]
     agents: int
     interval: float
     probe: bool
@@ -115,7 +117,9 @@ async def _session(index: int, agent_id: str, state: SwarmState) -> None:
     async with gate:
         ws = await connect(
             urls[index % len(urls)],
-            additional_headers={"Authorization": f"Bearer {state.token}"},
+            additional_headers={
+                "Authorization": f"Bearer {state.tokens[index % len(state.tokens)]}"
+            },
             compression=None,
             # The real agent's budgets (10 s to open, 10 s for the welcome): in a storm an agent
             # that waits longer than that gives up and retries after its backoff.
@@ -270,10 +274,23 @@ async def _report_connected(state: SwarmState) -> None:
     })  # fmt: skip
 
 
+def _tokens(env: Mapping[str, str], offset: int, agents: int) -> list[str]:
+    """The shared token, or from ``CLOUDGPU_BENCH_TOKEN_FILE`` (one per line; secrets stay out
+    of the processes' arguments) this process's ``agents`` starting at ``offset``."""
+    path = env.get("CLOUDGPU_BENCH_TOKEN_FILE", "")
+    if not path:
+        return [env["CLOUDGPU_BENCH_TOKEN"]]
+    with open(path) as file:
+        every = file.read().split()
+    if not every:
+        raise SystemExit(f"{path} holds no tokens")
+    return [every[(offset + n) % len(every)] for n in range(agents)]
+
+
 async def run_swarm(args: argparse.Namespace) -> None:
     state = SwarmState(
         url=args.url,
-        token=os.environ["CLOUDGPU_BENCH_TOKEN"],
+        tokens=_tokens(os.environ, args.token_offset, args.agents),
         agents=args.agents,
         interval=args.interval,
         probe=not args.no_probe,
@@ -293,6 +310,9 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=15.0)
     parser.add_argument("--connect-concurrency", type=int, default=8)
     parser.add_argument("--no-probe", action="store_true")
+    parser.add_argument(
+        "--token-offset", type=int, default=0, help="this process's first line of the token file"
+    )
     asyncio.run(run_swarm(parser.parse_args()))
 
 
@@ -312,12 +332,17 @@ class Swarm:
         interval: float = 15.0,
         connect_concurrency: int = 8,
         per_process: int = 2500,
+        token_file: Path | None = None,
     ) -> None:
+        """``token`` is every agent's, unless ``token_file`` gives each agent its own line."""
         self.agents = agents
         procs = procs or max(1, math.ceil(agents / per_process))
         self.sizes = [agents // procs + (1 if i < agents % procs else 0) for i in range(procs)]
         self.events: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
         env = dict(os.environ, CLOUDGPU_BENCH_TOKEN=token, PYTHONUNBUFFERED="1")
+        if token_file is not None:
+            env["CLOUDGPU_BENCH_TOKEN_FILE"] = str(token_file)
+        offsets = [sum(self.sizes[:n]) for n in range(procs)]
         self.processes = [
             subprocess.Popen(
                 [
@@ -332,6 +357,8 @@ class Swarm:
                     str(interval),
                     "--connect-concurrency",
                     str(connect_concurrency),
+                    "--token-offset",
+                    str(offset),
                 ],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -339,7 +366,7 @@ class Swarm:
                 text=True,
                 cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
             )
-            for size in self.sizes
+            for size, offset in zip(self.sizes, offsets, strict=True)
         ]
         for n, process in enumerate(self.processes):
             threading.Thread(target=self._read, args=(n, process), daemon=True).start()
