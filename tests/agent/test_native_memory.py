@@ -12,6 +12,7 @@ import textwrap
 import pytest
 
 from supplier_agent import native_memory
+from tests.support.loops import run_on_own_loop
 from tests.support.processes import REPO_ROOT
 
 # Eight threads alive at once, each allocating from malloc (64 KiB: below the mmap threshold,
@@ -91,5 +92,5 @@ def test_trims_run_on_schedule_until_stop_and_survive_a_failing_trim() -> None:
         stop.set()
         await asyncio.wait_for(task, timeout=10)
 
-    asyncio.run(scenario())
+    run_on_own_loop(scenario())
     assert len(calls) >= 4  # the failing second one did not end the loop
