@@ -303,6 +303,14 @@ CELERY_BROKER_POOL_LIMIT = env_int("CELERY_BROKER_POOL_LIMIT", 0)
 # mailbox held two Redis connections in the worker. The worker's health check is its alive
 # file instead (hub/celery.py, docker-compose.yml).
 CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
+# A pool child whose resident memory passed this (KiB) after a task is replaced by a fresh one
+# once the task is done (Celery's own bound, nothing cut short). The children start near
+# 105 MiB and grew ~1-2 MiB an hour in the soak (docs/benchmarks.md, issue 23): this keeps a
+# worker that runs for months bounded whatever it is that grows. 0 turns it off.
+_max_child_kib = env_int("CELERY_WORKER_MAX_MEMORY_PER_CHILD_KIB", 256 * 1024)
+if _max_child_kib < 0:
+    raise ImproperlyConfigured("CELERY_WORKER_MAX_MEMORY_PER_CHILD_KIB must be 0 (off) or more")
+CELERY_WORKER_MAX_MEMORY_PER_CHILD = _max_child_kib or None
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
