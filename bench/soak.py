@@ -385,6 +385,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for lease_id in leases:
                 if lease_id:
                     release_lease(lease_id)
+            # The releases reach the agent through the worker: wait for its containers to go
+            # before stopping it, and remove what is left after a minute (two chatty leases
+            # left running would print 64 KiB/s each into the next benchmark's machine).
+            id_file = state / "agent_id"
+            agent_id = id_file.read_text().strip() if id_file.exists() else ""
+            claim = {"label": f"cloudgpu.claim={agent_id}"}
+            deadline = time.monotonic() + 60
+            while agent_id and (
+                left := docker_client.containers.list(all=True, filters=claim, ignore_removed=True)
+            ):
+                if time.monotonic() > deadline:
+                    for container in left:
+                        container.remove(force=True)
+                    break
+                time.sleep(1)
             common.stop_tree(agent)
     docker_client.close()
     warm_up_s = _warm_up_s(args.minutes)
@@ -415,21 +430,38 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def agent_leases(args: argparse.Namespace) -> dict[str, Any]:
-    from tests.support.agents import configure, new_token, running_agent
+    from tests.support.agents import agent_env, configure, new_token, running_agent
     from tests.support.hub_peer import HubPeer
 
     result: dict[str, Any] = {"figure": "agent RSS over many leases", "machine": common.machine()}
     rss: list[tuple[int, float]] = []
     token = new_token()
+    every = args.sample_every or (1000 if args.runtime == "mock" else 50)
+    run_fields: dict[str, Any] = {"image": "busybox:latest", "ports": [80]}
     started = time.monotonic()
     with (
         tempfile.TemporaryDirectory(prefix="cloudgpu-soak-agent-") as folder,
         HubPeer(token) as hub,
     ):
         state = Path(folder) / "state"
-        if configure(state, hub.url, token, "--runtime", "mock").returncode != 0:
+        options = ["--runtime", args.runtime]
+        env = agent_env()
+        if args.runtime == "docker":
+            from tests.support.fake_gpus import FakeGpuTable, fake_nvml_env
+
+            # Real containers (a log follower each, the Docker SDK's calls on threads), as the
+            # soak's short leases but back to back: the thread churn that native memory follows.
+            # It exits on the release's SIGTERM (a shell as PID 1 would ignore it: 10 s each).
+            quick = "trap 'exit 0' TERM; echo short lease; sleep 3600 & wait"
+            run_fields = {"image": common.build_busybox_image(), "command": ["sh", "-c", quick]}
+            table = FakeGpuTable.create(Path(folder) / "gpus.json", gpu_count=1)
+            (Path(folder) / "locks").mkdir()
+            options += ["--gpu-devices", "none", "--lock-dir", str(Path(folder) / "locks")]
+            env = agent_env(**fake_nvml_env(table.path))
+        if configure(state, hub.url, token, *options, env=env).returncode != 0:
             raise RuntimeError("configure failed")
-        with running_agent(state, Path(folder) / "agent.log", "--log-level", "WARNING") as agent:
+        log = Path(folder) / "agent.log"
+        with running_agent(state, log, "--log-level", "WARNING", env=env) as agent:
             conn = hub.wait_for_connection()
             hub.wait_for(conn, "register")
             process = psutil.Process(agent.pid)
@@ -438,7 +470,7 @@ def agent_leases(args: argparse.Namespace) -> dict[str, Any]:
                 lease = str(uuid.uuid4())
                 for kind, fields in (
                     ("reserve", {"gpus": "0"}),
-                    ("docker_run", {"image": "busybox:latest", "ports": [80]}),
+                    ("docker_run", run_fields),
                     ("release", {"reason": "renter_stop"}),
                 ):
                     ack = hub.command(conn, kind, lease, n, **fields)
@@ -446,11 +478,16 @@ def agent_leases(args: argparse.Namespace) -> dict[str, Any]:
                         raise RuntimeError(f"{kind} of lease {n}: {ack.error}")
                 with hub._cond:
                     conn.received.clear()  # the peer's own record, not the agent's
-                if n % 1000 == 0:
+                if n % every == 0:
                     rss.append((n, process.memory_info().rss / 2**20))
-                    print(f"{n} leases: agent RSS {rss[-1][1]:.1f} MiB", flush=True)
+                    print(
+                        f"{n} leases, {time.monotonic() - started:.0f} s:"
+                        f" agent RSS {rss[-1][1]:.1f} MiB, {process.num_threads()} threads",
+                        flush=True,
+                    )
             state_kib = _folder_bytes(state) / 1024
     result.update(
+        runtime=args.runtime,
         leases=args.leases,
         seconds=round(time.monotonic() - started),
         rss_mib=[[n, round(v, 1)] for n, v in rss],
@@ -483,11 +520,19 @@ def main() -> None:
     soak.add_argument("--result", default="soak", help="bench/results/<name>.json")
     leases = sub.add_parser("agent-leases")
     leases.add_argument("--leases", type=int, default=20000)
+    leases.add_argument(
+        "--runtime",
+        choices=("mock", "docker"),
+        default="mock",
+        help="docker: a real busybox container per lease (about a second each)",
+    )
+    leases.add_argument("--sample-every", type=int, default=0, help="leases between samples")
+    leases.add_argument("--result", default="soak-agent-leases", help="bench/results/<name>.json")
     args = parser.parse_args()
     if args.mode == "run":
         common.write_result(args.result, run(args))
     else:
-        common.write_result("soak-agent-leases", agent_leases(args))
+        common.write_result(args.result, agent_leases(args))
 
 
 if __name__ == "__main__":
