@@ -305,8 +305,8 @@ CELERY_BROKER_POOL_LIMIT = env_int("CELERY_BROKER_POOL_LIMIT", 0)
 CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
 # A pool child whose resident memory passed this (KiB) after a task is replaced by a fresh one
 # once the task is done (Celery's own bound, nothing cut short). The children start near
-# 105 MiB and grew ~1-2 MiB an hour in the soak (docs/benchmarks.md, issue 23): this keeps a
-# worker that runs for months bounded whatever it is that grows. 0 turns it off.
+# 105 MiB and grew up to ~0.5 MiB an hour in the soaks (docs/benchmarks.md, issue 23): this
+# keeps a worker that runs for months bounded whatever it is that grows. 0 turns it off.
 _max_child_kib = env_int("CELERY_WORKER_MAX_MEMORY_PER_CHILD_KIB", 256 * 1024)
 if _max_child_kib < 0:
     raise ImproperlyConfigured("CELERY_WORKER_MAX_MEMORY_PER_CHILD_KIB must be 0 (off) or more")

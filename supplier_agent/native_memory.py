@@ -8,6 +8,11 @@ So the agent caps the arenas at ``ARENAS`` (the threads share them; they are mos
 sockets, so the lock is not contended) and gives freed pages back with ``malloc_trim`` every
 ``TRIM_EVERY_S``.
 
+Measured after (docs/benchmarks.md, "85 minutes with the agent's arenas capped"): at the soak's
+12 threads the agent's slope did not change (+1.07 MiB/h against +1.05); what it keeps is ~4 KiB
+per lease, bounded by the remembered answers' cap. The cap stays as the bound for a host whose
+many leases run many threads, where glibc alone would allow 8 arenas per core.
+
 ``MALLOC_ARENA_MAX`` in the environment wins: glibc reads it itself, and an operator who set it
 meant it. Elsewhere than glibc (musl) both are no-ops.
 """
