@@ -9,14 +9,20 @@ from hub.health.tasks import echo
 from tests.support.processes import hub_env, python_module, running
 
 
+def _worker_argv(queue: str, *options: str) -> list[str]:
+    """One worker process (``-c 1``) on a queue of its own, so no other worker on the same
+    Redis can take the test's tasks."""
+    return python_module(
+        "celery", "-A", "hub", "worker", "-Q", queue, "-c", "1", *options, "-l", "INFO",
+        "-n", f"{queue}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
+    )  # fmt: skip
+
+
 def test_task_round_trips_through_redis_to_a_real_worker(tmp_path: Path) -> None:
     # A queue of its own, so no other worker on the same Redis can take the task.
     queue = f"test-{uuid.uuid4().hex}"
     payload = uuid.uuid4().hex
-    worker_argv = python_module(
-        "celery", "-A", "hub", "worker", "-Q", queue, "-c", "1", "-P", "solo", "-l", "INFO",
-        "-n", f"{queue}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
-    )  # fmt: skip
+    worker_argv = _worker_argv(queue, "-P", "solo")
     alive = tmp_path / "alive"
     env = hub_env(CELERY_WORKER_ALIVE_FILE=str(alive))
     with running(worker_argv, env=env, log=tmp_path / "worker.log") as worker:
@@ -40,10 +46,7 @@ def test_a_pool_child_past_its_memory_bound_is_replaced_after_its_task(tmp_path:
     # task runs in a fresh one; with the bound off, one child runs them all.
     def child_pids(bound_kib: str) -> list[int]:
         queue = f"test-{uuid.uuid4().hex}"
-        worker_argv = python_module(
-            "celery", "-A", "hub", "worker", "-Q", queue, "-c", "1", "-l", "INFO",
-            "-n", f"{queue}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
-        )  # fmt: skip
+        worker_argv = _worker_argv(queue)
         env = hub_env(CELERY_WORKER_MAX_MEMORY_PER_CHILD_KIB=bound_kib)
         pids = []
         with running(worker_argv, env=env, log=tmp_path / f"worker-{bound_kib}.log") as worker:
