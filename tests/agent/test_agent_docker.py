@@ -19,6 +19,7 @@ import httpx
 import pytest
 from docker.errors import NotFound
 
+from tests.support import control_plane
 from tests.support.agents import agent_env, configure, new_token, running_agent
 from tests.support.fake_gpus import FakeGpuTable, fake_nvml_env
 from tests.support.hub_peer import HubPeer, PeerConnection
@@ -95,12 +96,7 @@ def lease_cleanup(docker_client: object) -> Iterator[list[str]]:
 
 
 def _containers(docker_client: object, lease: str) -> list[object]:
-    # The SDK lists, then inspects each container; dockerd lists one that is still being
-    # created and answers its inspect 404 (CI saw it, polling a start in flight): skipped, as
-    # the agent's own listing skips it (supplier_agent/containers.py).
-    return docker_client.containers.list(  # type: ignore[attr-defined]
-        all=True, filters={"label": f"cloudgpu.lease={lease}"}, ignore_removed=True
-    )
+    return control_plane.containers(docker_client, lease)
 
 
 @contextmanager

@@ -28,6 +28,7 @@ from supplier_agent.containers import (
 )
 from supplier_agent.limits import HostResources, Reserve, nofile_limit
 from supplier_agent.protocol import CacheVolume, DockerRun, RenterVolume
+from tests.support import control_plane
 from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.docker
@@ -81,7 +82,7 @@ def make_spec(busybox_image: str, agent_id: str) -> SpecFactory:
 
 
 def _lease_containers(docker_client: Any, lease_id: str) -> list[Any]:
-    return docker_client.containers.list(all=True, filters={"label": f"cloudgpu.lease={lease_id}"})
+    return control_plane.containers(docker_client, lease_id)  # type: ignore[return-value]
 
 
 def _refused(runtime: ContainerRuntime, spec: DockerRun, agent_id: str, match: str) -> None:

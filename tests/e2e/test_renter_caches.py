@@ -14,6 +14,7 @@ from hub.accounts.models import User
 from hub.leases import services as lease_services
 from hub.leases.models import Lease
 from hub.suppliers.models import Host
+from tests.support import control_plane
 from tests.support.docker_agent import docker_agent_online
 from tests.support.hub_stack import hub_stack
 from tests.support.polling import wait_for
@@ -56,9 +57,7 @@ def _cache_of(docker_client: Any, lease: Lease) -> set[str]:
 def _end(lease: Lease, docker_client: Any) -> None:
     lease_services.release_lease(lease.pk, Lease.EndReason.RENTER_STOP)
     wait_for(
-        lambda: not docker_client.containers.list(
-            all=True, filters={"label": f"cloudgpu.lease={lease.pk}"}
-        ),
+        lambda: not control_plane.containers(docker_client, lease.pk),
         timeout_s=60,
         what="the lease's container removed",
     )

@@ -16,6 +16,7 @@ from hub.leases.models import Lease
 from hub.suppliers.models import Host
 from hub.volumes import services as volumes
 from hub.volumes.models import Volume
+from tests.support import control_plane
 from tests.support.docker_agent import docker_agent_online
 from tests.support.hub_stack import hub_stack
 from tests.support.polling import wait_for
@@ -46,9 +47,7 @@ def _in_container(docker_client: Any, lease: Lease, argv: list[str]) -> str:
 def _end(lease: Lease, docker_client: Any) -> None:
     lease_services.release_lease(lease.pk, Lease.EndReason.RENTER_STOP)
     wait_for(
-        lambda: not docker_client.containers.list(
-            all=True, filters={"label": f"cloudgpu.lease={lease.pk}"}
-        ),
+        lambda: not control_plane.containers(docker_client, lease.pk),
         timeout_s=60,
         what="the lease's container removed",
     )

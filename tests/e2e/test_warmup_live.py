@@ -16,6 +16,7 @@ from websockets.sync.client import connect
 from hub.accounts.models import User
 from hub.leases import services as lease_services
 from hub.leases.models import Lease
+from tests.support import control_plane
 from tests.support.docker_agent import docker_agent_online
 from tests.support.hub_stack import hub_stack
 from tests.support.polling import wait_for
@@ -63,9 +64,7 @@ def test_the_page_shows_the_warm_up_output_while_the_rental_starts(
             _let_warm_up_finish(docker_client, lease)  # else the release waits for it
             lease_services.release_lease(lease.pk, Lease.EndReason.RENTER_STOP)
             wait_for(
-                lambda: not docker_client.containers.list(
-                    all=True, filters={"label": f"cloudgpu.lease={lease.pk}"}
-                ),
+                lambda: not control_plane.containers(docker_client, lease.pk),
                 timeout_s=60,
                 what="the lease's container removed",
             )

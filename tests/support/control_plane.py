@@ -53,7 +53,10 @@ def docker_agent(stack: HubStack, token: str, table: FakeGpuTable, tmp_path: Pat
     return state
 
 
-def containers(docker_client: object, lease_id: str) -> list[object]:
+def containers(docker_client: object, lease_id: object) -> list[object]:
+    """The lease's containers. The SDK lists, then inspects each; dockerd lists a container it
+    is still creating or removing and answers its inspect 404: skipped (``ignore_removed``),
+    as the agent's own listing skips it, instead of failing a poll (CI saw both)."""
     return docker_client.containers.list(  # type: ignore[attr-defined]
-        all=True, filters={"label": f"cloudgpu.lease={lease_id}"}
+        all=True, filters={"label": f"cloudgpu.lease={lease_id}"}, ignore_removed=True
     )
