@@ -8,6 +8,7 @@ import tarfile
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
@@ -178,3 +179,22 @@ def state_dir() -> Iterator[Path]:
         yield parent / "state"
     finally:
         shutil.rmtree(parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """pytest-django's own, and before it drops the test database, the sessions on it that a
+    test's helpers left open are ended. Several consumers connecting at once in one test (a
+    storm's handshakes, tests/hub/agents/test_agent_socket.py) leave the thread-sensitive
+    ``database_sync_to_async`` calls after them each opening a connection in a context copy
+    that its clean-up does not see (asgiref 3.13; hub/agents/db_threads.py closes the hub's own
+    inside the call instead). The next test's replaces it, but the last one outlives the
+    session and the drop fails with "being accessed by other users"."""
+    yield
+    from django.db import connection
+
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )

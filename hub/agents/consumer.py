@@ -4,31 +4,34 @@ service, reply. Nothing an agent sends can crash the handler."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import random
 import secrets
 import time
-import weakref
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError
 from redis.exceptions import RedisError
 
-from hub.agents import heartbeat_batch, heartbeats, registration, registration_batch, token_cache
+from hub.agents import (
+    heartbeat_batch,
+    heartbeats,
+    registration,
+    registration_batch,
+    token_batch,
+    token_cache,
+)
+from hub.agents.db_threads import in_db_thread
 from hub.agents.exec_relay import Delivery, ExecRoutes
 from hub.leases import gpu_faults, terminals
 from hub.leases import logs as lease_logs
 from hub.leases import services as lease_services
-from hub.lib import local_channels, metrics, tokens
+from hub.lib import group_commit, local_channels, metrics, tokens
 from hub.lib.compat_channels import dispatch_without_db_cleanup
 from hub.lib.compat_daphne import client_left
-from hub.suppliers.services import authenticate_agent_token, record_rtt
+from hub.suppliers.services import record_rtt
 from hub.tunnels import services as tunnel_services
 from hub.volumes import services as volume_services
 from supplier_agent import logjson
@@ -57,75 +60,6 @@ from supplier_agent.protocol import (
 )
 
 log = logging.getLogger(__name__)
-
-
-# Agent sockets' queries run on a small pool of threads, each with its own persistent
-# connection (DATABASE_CONN_MAX_AGE), not on Channels' one thread-sensitive thread: there every
-# registration of a web process queued behind the others, round trip by round trip, which is
-# what held a reconnect storm to ~7 registrations/s (docs/benchmarks.md). One socket's messages
-# are still handled one at a time, so its queries keep their order; rows two sockets share are
-# locked by the services, as they must be anyway against Celery.
-@functools.cache
-def _agent_db_threads() -> ThreadPoolExecutor:
-    # Made on first use, not at import: AGENT_DB_THREADS is read when the process serves.
-    return ThreadPoolExecutor(max_workers=settings.AGENT_DB_THREADS, thread_name_prefix="agent-db")
-
-
-def _db(function: Any) -> Any:
-    def run(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return function(*args, **kwargs)
-        finally:
-            # Also inside the call's context: asgiref (3.13) runs the function in a copy of the
-            # caller's context, and database_sync_to_async's own clean-up, outside it, was seen
-            # to miss the connection the call opened (it stayed open past CONN_MAX_AGE).
-            close_old_connections()
-
-    return database_sync_to_async(run, thread_sensitive=False, executor=_agent_db_threads())
-
-
-# A new socket's token check waits for one of AGENT_DB_THREADS slots per process on the event
-# loop, not in the threads' queue: when a slot frees, a check whose client has already gone (it
-# gave up waiting, or Daphne's handshake timeout closed it) is dropped there instead of costing
-# a query nobody will read (registrations do the same in registration_batch). Per event loop:
-# tests run several.
-_handshake_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _slots() -> asyncio.Semaphore:
-    loop = asyncio.get_running_loop()
-    slots = _handshake_slots.get(loop)
-    if slots is None:
-        slots = _handshake_slots[loop] = asyncio.Semaphore(settings.AGENT_DB_THREADS)
-    return slots
-
-
-# Connect-time token checks in flight, by token digest, per event loop: in a storm a supplier's
-# hosts all arrive before the first answer is cached (token_cache), and each queued a query of
-# its own; now the others wait for that one's answer. (Per loop: tests run several.)
-_token_checks: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, dict[str, asyncio.Future[int | None]]
-] = weakref.WeakKeyDictionary()
-# The answer of a check whose socket left before it ran: each waiter asks for itself.
-_NO_ANSWER = -1
-
-
-def _checks_in_flight() -> dict[str, asyncio.Future[int | None]]:
-    loop = asyncio.get_running_loop()
-    checks = _token_checks.get(loop)
-    if checks is None:
-        checks = _token_checks[loop] = {}
-    return checks
-
-
-class ClientLeft(Exception):
-    """The client closed its socket while its handshake step waited for a slot."""
-
-
-# Token checks skipped because their client had left (per process).
-dropped_handshake_steps = 0
 
 
 # A well-behaved agent sends a heartbeat every 15 s plus an ack per command.
@@ -229,27 +163,22 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self._rtt_written = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        self._receive = receive  # only to look for an unread disconnect (_handshake_step)
+        self._receive = receive  # only to look for an unread disconnect (token_batch)
         await super().__call__(scope, receive, send)
-
-    async def _handshake_step(self, function: Callable[..., Any], *args: Any) -> Any:
-        global dropped_handshake_steps
-        async with _slots():
-            if client_left(self._receive):
-                dropped_handshake_steps += 1
-                raise ClientLeft
-            return await _db(function)(*args)
 
     async def connect(self) -> None:
         plaintext = _bearer(self.scope)
         # A token this process accepted a moment ago costs no query: register re-checks it
         # (token_cache.py says why that is safe). In a storm, a supplier's hosts share one.
         token_id = token_cache.accepted.lookup(plaintext)
-        if token_id is None:
+        if token_id is None and plaintext and tokens.well_formed(plaintext):
+            # A made-up token costs no query; a real one joins the next batch (token_batch.py).
             try:
-                token_id = await self._check_token(plaintext)
-            except ClientLeft:
+                token_id = await token_batch.check(plaintext, lambda: client_left(self._receive))
+            except group_commit.ClientLeft:
                 return  # Daphne already closed it; the queued disconnect ends this consumer
+            if token_id is not None:
+                token_cache.accepted.remember(plaintext, token_id)
         if token_id is None:
             await self.close()  # before accept: Daphne answers the handshake with 403
             return
@@ -262,30 +191,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
         local_channels.register(self)  # renters' terminals in this process skip Redis
         # A socket that never registers holds resources without being a host: close it.
         self._register_deadline = asyncio.create_task(self._close_unless_registered())
-
-    async def _check_token(self, plaintext: str | None) -> int | None:
-        """The token's id if the database accepts it, else None; one query per token at a time
-        (the sockets that arrive while one runs take its answer)."""
-        if not plaintext:
-            return None
-        checks = _checks_in_flight()
-        key = tokens.digest(plaintext)
-        while (running := checks.get(key)) is not None:
-            answer = await asyncio.shield(running)
-            if answer != _NO_ANSWER:
-                return answer
-        future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
-        checks[key] = future
-        answer = _NO_ANSWER
-        try:
-            token = await self._handshake_step(authenticate_agent_token, plaintext)
-            answer = None if token is None else token.pk
-            if answer is not None:
-                token_cache.accepted.remember(plaintext, answer)
-            return answer
-        finally:
-            del checks[key]
-            future.set_result(answer)
 
     async def _close_unless_registered(self) -> None:
         await asyncio.sleep(settings.AGENT_REGISTER_TIMEOUT_S)
@@ -312,9 +217,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 "the host's agent disconnected from the hub; the session ended"
             ):
                 await self._deliver(delivery)
-                await _db(terminals.note_closed)(session_id, reason="the host disconnected")
+                await in_db_thread(terminals.note_closed)(
+                    session_id, reason="the host disconnected"
+                )
         if self.host_id is not None:
-            await _db(registration.detach_channel)(self.host_id, self.channel_name)
+            await in_db_thread(registration.detach_channel)(self.host_id, self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self._closing:
@@ -405,7 +312,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             if self._log_lookups_in_window >= MAX_LOG_LOOKUPS_PER_WINDOW:
                 return  # dropped unchecked: no query
             self._log_lookups_in_window += 1
-            allowed = await _db(lease_logs.lease_on_host)(message.lease_id, self.host_id)
+            allowed = await in_db_thread(lease_logs.lease_on_host)(message.lease_id, self.host_id)
             if len(self._log_leases) >= MAX_LOG_LEASES_CACHED:
                 self._log_leases.clear()
             self._log_leases[message.lease_id] = allowed
@@ -438,14 +345,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
             # The ids go with the call into its thread (a copy of this context): the service's
             # log lines carry them under LOG_FORMAT=json.
             with logjson.bound(command_id=message.command_id):
-                await _db(lease_services.record_ack)(self.host_id, message)
+                await in_db_thread(lease_services.record_ack)(self.host_id, message)
         elif isinstance(message, ContainerExited):
             with logjson.bound(lease_id=message.lease_id):
-                await _db(lease_services.record_container_exit)(self.host_id, message)
+                await in_db_thread(lease_services.record_container_exit)(self.host_id, message)
         elif isinstance(message, TunnelState):
-            await _db(tunnel_services.record_state)(self.host_id, message)
+            await in_db_thread(tunnel_services.record_state)(self.host_id, message)
         elif isinstance(message, VolumeReport):
-            await _db(volume_services.apply_report)(self.host_id, message)
+            await in_db_thread(volume_services.apply_report)(self.host_id, message)
         elif isinstance(message, GpuHealthReport):
             await self._gpu_health(message)
         elif isinstance(message, Pong):
@@ -458,16 +365,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if message.probe:
             # `cloudgpu-agent smoke`: answer like a registration, change nothing (the real
             # agent may be connected right now on another socket).
-            host_id = await _db(registration.probe_registration)(self.token_id, message)
+            host_id = await in_db_thread(registration.probe_registration)(self.token_id, message)
             await self._reply(Welcome(host_id=host_id))
             return
         try:
             registered = await registration_batch.register(
                 registration.Request(self.token_id, message, self.channel_name),
                 lambda: client_left(self._receive),
-                _db,
             )
-        except registration_batch.ClientLeft:
+        except group_commit.ClientLeft:
             self._closing = True  # nobody to answer; the queued disconnect ends this consumer
             return
         self.host_id = registered.host_id
@@ -496,7 +402,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     async def _heartbeat(self, message: Heartbeat) -> None:
         assert self.host_id is not None
-        await heartbeats.arrived(self._heartbeats, self.host_id, message, _db)
+        await heartbeats.arrived(self._heartbeats, self.host_id, message, in_db_thread)
         if time.monotonic() >= self._ping_due:
             await self._ping()
 
@@ -524,7 +430,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             except RedisError as exc:
                 metrics.STORE_ERRORS.labels("redis").inc()
                 log.warning("round trip not recorded in Redis (%s); writing to Postgres", exc)
-                await _db(record_rtt)(self.host_id, rtt_ms)
+                await in_db_thread(record_rtt)(self.host_id, rtt_ms)
             self._rtt_written = rtt_ms
 
     async def _gpu_health(self, message: GpuHealthReport) -> None:
@@ -533,7 +439,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # socket already passed on) costs no query.
         faults = [f for f in gpu_faults.faults_in(message) if f not in self._faults_seen]
         if faults:
-            await _db(gpu_faults.delist_failed_gpus)(self.host_id, faults)
+            await in_db_thread(gpu_faults.delist_failed_gpus)(self.host_id, faults)
             self._faults_seen = self._faults_seen.union(faults)
 
     async def _reply(self, message: Message) -> None:
@@ -562,7 +468,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         await self._deliver(delivery)
         if isinstance(message, ExecExit):
-            await _db(terminals.note_closed)(
+            await in_db_thread(terminals.note_closed)(
                 message.session_id, exit_code=message.exit_code, reason=message.error or ""
             )
 

@@ -14,8 +14,8 @@ channels (``revoke_agent_token``), and each such socket drops its token from thi
 (``forget``), as does a refused registration; so a revoked token stays cached in a process only
 if none of its sockets there had registered, and for AGENT_TOKEN_CACHE_S at most.
 
-Sockets that arrive together with one token, before its first answer is cached, share that
-one query (AgentConsumer._check_token): the first seconds of a storm are exactly that.
+Checks that miss the cache are batched (token_batch.py): sockets that arrive together, before
+a token's first answer is cached (the first seconds of a storm), cost one row of one query.
 
 Only accepted tokens are kept, keyed by digest (never the plaintext). Refusals are not cached:
 a made-up token costs no query anyway (``tokens.well_formed``), and a revoked one should be

@@ -4,7 +4,7 @@ Registration, heartbeats and the offline sweep are the agents' side (hub/agents/
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 
 from channels.exceptions import ChannelFull
@@ -43,22 +43,32 @@ def create_agent_token(
 TOKEN_LAST_USED_RESOLUTION = timedelta(minutes=10)
 
 
-def authenticate_agent_token(plaintext: str | None) -> AgentToken | None:
-    if not plaintext or not tokens.well_formed(plaintext):
-        return None  # a mistyped or made-up token costs no query
-    token = (
-        AgentToken.objects.select_related("owner")
-        .filter(digest=tokens.digest(plaintext), revoked_at__isnull=True)
-        .first()
+def authenticate_agent_tokens(plaintexts: Iterable[str | None]) -> dict[str, int]:
+    """The tokens among these that the database accepts (not revoked, owner active), as digest
+    -> token id; two statements at most whatever their number: a reconnect storm's connect-time
+    checks come in batches (hub/agents/token_batch.py). Made-up tokens cost no query."""
+    digests = {tokens.digest(p) for p in plaintexts if p and tokens.well_formed(p)}
+    if not digests:
+        return {}
+    rows = list(
+        AgentToken.objects.filter(
+            digest__in=digests, revoked_at__isnull=True, owner__is_active=True
+        ).values_list("pk", "digest", "last_used_at")
     )
-    if token is None or not token.owner.is_active:
-        return None
     now = timezone.now()
     # "Used recently?" is all people read from it: a reconnect storm must not become a storm of
-    # token-row writes queued on the web process's one database thread (docs/benchmarks.md).
-    if token.last_used_at is None or token.last_used_at < now - TOKEN_LAST_USED_RESOLUTION:
-        AgentToken.objects.filter(pk=token.pk).update(last_used_at=now)
-    return token
+    # token-row writes (docs/benchmarks.md). One update for the batch's stale ones.
+    stale = [pk for pk, _, used in rows if used is None or used < now - TOKEN_LAST_USED_RESOLUTION]
+    if stale:
+        AgentToken.objects.filter(pk__in=stale).update(last_used_at=now)
+    return {digest: pk for pk, digest, _ in rows}
+
+
+def authenticate_agent_token(plaintext: str | None) -> AgentToken | None:
+    """One token's row if the database accepts it, else None (authenticate_agent_tokens; the
+    agents' socket checks its tokens in batches instead)."""
+    accepted = authenticate_agent_tokens([plaintext])
+    return AgentToken.objects.get(pk=accepted.popitem()[1]) if accepted else None
 
 
 def revoke_agent_token(token_id: int) -> bool:

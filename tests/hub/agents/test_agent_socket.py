@@ -14,12 +14,13 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
+from django.db import connections
 from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hub.accounts.models import User
-from hub.agents import consumer, heartbeat_batch, stats, sweep
+from hub.agents import consumer, heartbeat_batch, stats, sweep, token_batch, token_cache
 from hub.asgi import application
 from hub.leases import logs as lease_logs
 from hub.lib.tokens import generate_token
@@ -27,6 +28,8 @@ from hub.suppliers import liveness, services
 from hub.suppliers.models import Gpu, Host, HostTransition
 from supplier_agent.protocol import CLOSE_UNSUPPORTED_PROTOCOL, MAX_FRAME_BYTES
 from tests.hub import factories as f
+from tests.support.batching import busy as _busy
+from tests.support.polling import async_wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -93,6 +96,9 @@ def _heartbeat(utilization: int = 0) -> str:
 def _supplier_token(username: str = "supplier") -> tuple[int, str]:
     owner = User.objects.create_user(username=f"{username}-{uuid.uuid4().hex[:6]}")
     token, plaintext = services.create_agent_token(owner, "test", default_price_per_hour_micros=0)
+    # Closed in the call's own context: database_sync_to_async's clean-up runs outside it
+    # (asgiref 3.13, hub/agents/db_threads.py) and can leave it open past the session's end.
+    connections.close_all()
     return token.pk, plaintext
 
 
@@ -237,104 +243,75 @@ async def test_a_socket_that_registers_after_its_token_was_revoked_is_refused() 
     await communicator.disconnect()
 
 
-def _count_token_queries(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
-    """The connect-time token checks that reached the database (hub.agents.token_cache)."""
-    asked: list[str | None] = []
-    real = consumer.authenticate_agent_token
-
-    def counting(plaintext: str | None) -> Any:
-        asked.append(plaintext)
-        return real(plaintext)
-
-    monkeypatch.setattr(consumer, "authenticate_agent_token", counting)
-    return asked
+def _token_batches() -> int:
+    """Connect-time token checks this loop sent to the database, in batches (token_batch)."""
+    return token_batch.batchers.get().batches
 
 
-async def test_a_token_accepted_a_moment_ago_costs_the_next_socket_no_query(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    asked = _count_token_queries(monkeypatch)
+async def test_a_token_accepted_a_moment_ago_costs_the_next_socket_no_query() -> None:
     _, plaintext = await _supplier_token()
+    before = _token_batches()
     first, _ = await _registered(plaintext)
     second, welcome = await _registered(plaintext)
-    assert asked == [plaintext]
+    assert _token_batches() == before + 1
     await first.disconnect()
     await second.disconnect()
     liveness.forget(int(welcome["host_id"]))
 
 
-class _SlowCheck:
-    """A socket's database step (``_handshake_step``) that waits to be released: the token
-    checks of sockets arriving together, before the first answer is in."""
-
-    def __init__(self, answers: list[Any]) -> None:
-        self.answers = answers  # one per call: a token row, None (refused) or an exception
-        self.calls = 0
-        self.release = asyncio.Event()
-
-    async def __call__(self, function: Any, *args: Any) -> Any:
-        answer = self.answers[self.calls]
-        self.calls += 1
-        await self.release.wait()
-        # A query is never instant: one turn of the loop (the others see it running).
-        loop = asyncio.get_running_loop()
-        turn = loop.create_future()
-        loop.call_soon(turn.set_result, None)
-        await turn
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
+async def test_a_made_up_token_costs_no_query() -> None:
+    before = _token_batches()
+    communicator = await _connect(generate_token())  # well formed, in no row
+    assert (await communicator.connect())[0] is False
+    assert _token_batches() == before + 1
+    for nonsense in ("cgpu_" + "a" * 36, "nonsense"):
+        assert (await (await _connect(nonsense)).connect())[0] is False
+    assert _token_batches() == before + 1
 
 
-async def _check_together(
-    monkeypatch: pytest.MonkeyPatch, step: _SlowCheck, sockets: int
-) -> list[Any]:
-    monkeypatch.setattr(consumer.AgentConsumer, "_handshake_step", step.__call__)
-    plaintext = generate_token()
-    checks = [
-        asyncio.ensure_future(consumer.AgentConsumer()._check_token(plaintext))
-        for _ in range(sockets)
-    ]
-    # Callbacks run in order: every check takes its first step (and waits) before this.
-    asyncio.get_running_loop().call_soon(step.release.set)
-    return await asyncio.gather(*checks, return_exceptions=True)
+def _storm_tokens() -> tuple[list[str], dict[str, int]]:
+    """Tokens a storm brings: one shared by 4 hosts, 3 of one host each (accepted); a revoked
+    one, one of a supplier no longer active, one in no row (refused). And the ids accepted."""
+    ids = {}
+    for _ in range(4):
+        owner = f.make_user("supplier")
+        token, plaintext = f.make_token(owner)
+        ids[plaintext] = token.pk
+    shared, *own = ids
+    revoked_token, revoked = f.make_token()
+    services.revoke_agent_token(revoked_token.pk)
+    inactive = f.make_user("supplier")
+    _, of_inactive = f.make_token(inactive)
+    inactive.is_active = False
+    inactive.save(update_fields=["is_active"])
+    connections.close_all()  # as in _supplier_token
+    return [shared] * 4 + own + [revoked, of_inactive, generate_token()], ids
 
 
-class _Token:
-    pk = 42
+async def test_sockets_arriving_together_are_checked_in_one_batch() -> None:
+    """A storm's handshakes: each socket its own answer, all of them one query."""
+    wanted, ids = await database_sync_to_async(_storm_tokens)()
+    batcher = token_batch.batchers.get()
+    before = batcher.batches
+    communicators = [await _connect(plaintext) for plaintext in wanted]
+    async with _busy(batcher):
+        connecting = [asyncio.ensure_future(c.connect()) for c in communicators]
+        await async_wait_for(
+            lambda: batcher.waiting == len(wanted), timeout_s=10, what="every check queued"
+        )
+    answers = [connected for connected, _ in await asyncio.gather(*connecting)]
+
+    assert answers == [True] * 7 + [False] * 3
+    assert batcher.batches == before + 1
+    for communicator in communicators[:7]:
+        await communicator.disconnect()
+    # Each accepted socket's token is cached with its own id.
+    assert {p: token_cache.accepted.lookup(p) for p in ids} == ids
 
 
-async def test_sockets_arriving_together_with_one_token_cost_one_query(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    step = _SlowCheck([_Token()])
-    assert await _check_together(monkeypatch, step, 8) == [42] * 8
-    assert step.calls == 1
-
-
-async def test_sockets_arriving_together_with_a_refused_token_are_all_refused(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    step = _SlowCheck([None])
-    assert await _check_together(monkeypatch, step, 4) == [None] * 4
-    assert step.calls == 1
-
-
-async def test_when_the_first_socket_left_before_its_check_the_others_ask_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    step = _SlowCheck([consumer.ClientLeft(), _Token()])
-    results = await _check_together(monkeypatch, step, 3)
-    assert isinstance(results[0], consumer.ClientLeft)
-    assert results[1:] == [42, 42]
-    assert step.calls == 2
-
-
-async def test_a_revoked_token_is_refused_at_register_when_the_connect_check_was_cached(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    asked = _count_token_queries(monkeypatch)
+async def test_a_revoked_token_is_refused_at_register_when_the_connect_check_was_cached() -> None:
     token_id, plaintext = await _supplier_token()
+    before = _token_batches()
     first = await _connect(plaintext)
     assert (await first.connect())[0]
     await first.disconnect()
@@ -343,7 +320,7 @@ async def test_a_revoked_token_is_refused_at_register_when_the_connect_check_was
 
     second = await _connect(plaintext)
     assert (await second.connect())[0]  # from the cache: the database would have said 403
-    assert asked == [plaintext]
+    assert _token_batches() == before + 1
     await second.send_to(text_data=_register(str(uuid.uuid4())))
     reply = json.loads(await second.receive_from(timeout=5))
     assert reply["type"] == "error"
@@ -353,7 +330,7 @@ async def test_a_revoked_token_is_refused_at_register_when_the_connect_check_was
     await second.disconnect()
     # The refusal dropped it from the cache: the next socket is refused at the handshake.
     assert not (await (await _connect(plaintext)).connect())[0]
-    assert asked == [plaintext, plaintext]
+    assert _token_batches() == before + 2
 
 
 async def test_a_probe_with_a_revoked_token_is_refused_when_the_connect_check_was_cached() -> None:
@@ -376,17 +353,15 @@ async def test_a_probe_with_a_revoked_token_is_refused_when_the_connect_check_wa
     liveness.forget(int(first_host))
 
 
-async def test_revocation_through_a_registered_socket_empties_the_cache_for_new_sockets(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    asked = _count_token_queries(monkeypatch)
+async def test_revocation_through_a_registered_socket_empties_the_cache_for_new_sockets() -> None:
     token_id, plaintext = await _supplier_token()
+    before = _token_batches()
     communicator, welcome = await _registered(plaintext)
     await database_sync_to_async(services.revoke_agent_token)(token_id)
     assert await communicator.receive_output(timeout=5) == {"type": "websocket.close", "code": 4403}
     await communicator.disconnect()
     assert not (await (await _connect(plaintext)).connect())[0]  # 403, not a cached accept
-    assert asked == [plaintext, plaintext]
+    assert _token_batches() == before + 2
     liveness.forget(int(welcome["host_id"]))
 
 

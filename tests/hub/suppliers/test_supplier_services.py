@@ -10,6 +10,8 @@ from asgiref.sync import async_to_sync
 from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from hub.agents import heartbeats, registration, sweep
@@ -59,6 +61,26 @@ def test_authenticate_accepts_a_valid_token_and_notes_its_use() -> None:
     services.authenticate_agent_token(plaintext)
     token.refresh_from_db()
     assert token.last_used_at > first
+
+
+def test_a_batch_of_tokens_costs_two_statements_whatever_its_size() -> None:
+    """A reconnect storm's connect-time checks (hub/agents/token_batch.py)."""
+    accepted = [f.make_token(f.make_user("supplier")) for _ in range(30)]
+    revoked, revoked_plaintext = f.make_token()
+    services.revoke_agent_token(revoked.pk)
+    plaintexts = [p for _, p in accepted] + [revoked_plaintext, tokens.generate_token(), "x", None]
+    plaintexts += plaintexts[:5]  # a token twice in one batch is one row
+
+    with CaptureQueriesContext(connection) as first:
+        answer = services.authenticate_agent_tokens(plaintexts)
+    assert answer == {tokens.digest(p): token.pk for token, p in accepted}
+    assert len(first) == 2  # the select, and one update of every token's last use
+    assert AgentToken.objects.filter(last_used_at__isnull=False).count() == 30
+
+    with CaptureQueriesContext(connection) as again:
+        assert services.authenticate_agent_tokens(plaintexts) == answer
+    assert len(again) == 1  # used a moment ago: nothing to write
+    assert services.authenticate_agent_tokens(["nonsense", None]) == {}  # and no query
 
 
 def test_authenticate_rejects_an_unknown_well_formed_token() -> None:
