@@ -134,12 +134,18 @@ def docker_client() -> Iterator[object]:
     import docker
     from docker.errors import DockerException
 
+    from tests.support.docker_cleanup import remove_containers
+
     try:
         client = docker.from_env(timeout=30)
         client.ping()
     except DockerException as exc:
         _docker_unavailable(f"no Docker engine reachable ({exc})")
     yield client
+    # Whatever a test's own clean-up missed (a failure halfway, a container an agent started
+    # after the test had listed them): nothing of the test image outlives the run. Only the
+    # test image, so a developer's own hub and its rentals on this engine are left alone.
+    remove_containers(client, {"ancestor": TEST_IMAGE})
     client.close()
 
 

@@ -163,7 +163,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self._rtt_written = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        self._receive = receive  # only to look for an unread disconnect (token_batch)
+        self._receive = receive  # only to look for an unread disconnect (the batches)
         await super().__call__(scope, receive, send)
 
     async def connect(self) -> None:

@@ -23,7 +23,7 @@ from channels.layers import get_channel_layer
 
 from hub.agents import registration
 from hub.agents.db_threads import in_db_thread
-from hub.lib import group_commit, local_channels
+from hub.lib import group_commit, local_channels, metrics
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,12 @@ async def _register_batch(
 batchers: group_commit.PerLoop[
     group_commit.Batcher[registration.Request, registration.Registered]
 ] = group_commit.PerLoop(
-    lambda: group_commit.Batcher(_register_batch, batch_max=BATCH_MAX, in_flight_max=IN_FLIGHT_MAX)
+    lambda: group_commit.Batcher(
+        _register_batch,
+        batch_max=BATCH_MAX,
+        in_flight_max=IN_FLIGHT_MAX,
+        on_dropped=metrics.HANDSHAKES_DROPPED.labels("register").inc,
+    )
 )
 
 

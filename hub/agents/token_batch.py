@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hub.agents.db_threads import in_db_thread
-from hub.lib import group_commit, tokens
+from hub.lib import group_commit, metrics, tokens
 from hub.suppliers.services import authenticate_agent_tokens
 
 # Checks in one batch at most: one row of the IN list each, and its answer waits for all.
@@ -30,7 +30,12 @@ async def _check_batch(plaintexts: list[str]) -> list[int | None | Exception]:
 
 
 batchers: group_commit.PerLoop[group_commit.Batcher[str, int | None]] = group_commit.PerLoop(
-    lambda: group_commit.Batcher(_check_batch, batch_max=BATCH_MAX, in_flight_max=IN_FLIGHT_MAX)
+    lambda: group_commit.Batcher(
+        _check_batch,
+        batch_max=BATCH_MAX,
+        in_flight_max=IN_FLIGHT_MAX,
+        on_dropped=metrics.HANDSHAKES_DROPPED.labels("token").inc,
+    )
 )
 
 

@@ -39,8 +39,10 @@ class Batcher(Generic[Request, Result]):
         *,
         batch_max: int,
         in_flight_max: int,
+        on_dropped: Callable[[], object] = lambda: None,  # e.g. a metric's inc
     ) -> None:
         self._run_batch = run_batch
+        self._on_dropped = on_dropped
         self.batch_max = batch_max
         self.in_flight_max = in_flight_max
         self._waiting: list[tuple[Request, Callable[[], bool], asyncio.Future[Result]]] = []
@@ -79,6 +81,7 @@ class Batcher(Generic[Request, Result]):
             for request, client_left, future in batch:
                 if client_left():
                     self.dropped += 1
+                    self._on_dropped()
                     future.set_exception(ClientLeft())
                 else:
                     wanted.append((request, future))

@@ -44,6 +44,12 @@ REGISTRATIONS = Counter(
     "Agent registrations, by outcome (ok, refused).",
     ["outcome"],
 )
+HANDSHAKES_DROPPED = Counter(
+    "cloudgpu_agent_handshakes_dropped",
+    "New sockets' token checks and registrations dropped because the agent left while they "
+    "waited for a batch (a reconnect storm's cut handshakes), by step (token, register).",
+    ["step"],
+)
 HEARTBEATS = Counter("cloudgpu_heartbeats", "Heartbeats received from agents.")
 HEARTBEAT_SECONDS = Histogram(
     "cloudgpu_heartbeat_handling_seconds",

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import signal
@@ -21,6 +20,7 @@ from docker.errors import NotFound
 
 from tests.support import control_plane
 from tests.support.agents import agent_env, configure, new_token, running_agent
+from tests.support.docker_cleanup import remove_containers, remove_volume
 from tests.support.fake_gpus import FakeGpuTable, fake_nvml_env
 from tests.support.hub_peer import HubPeer, PeerConnection
 from tests.support.polling import wait_for
@@ -89,10 +89,7 @@ def lease_cleanup(docker_client: object) -> Iterator[list[str]]:
     leases: list[str] = []
     yield leases
     for lease in leases:
-        for container in docker_client.containers.list(  # type: ignore[attr-defined]
-            all=True, filters={"label": f"cloudgpu.lease={lease}"}
-        ):
-            container.remove(force=True)
+        remove_containers(docker_client, {"label": f"cloudgpu.lease={lease}"})
 
 
 def _containers(docker_client: object, lease: str) -> list[object]:
@@ -531,11 +528,7 @@ def renter_volume(docker_client: object) -> Iterator[str]:
     """A fresh renter volume's wire name; its Docker volume goes after the test."""
     name = f"vol-{uuid.uuid4().hex}{uuid.uuid4().hex[:8]}"
     yield name
-    client: Any = docker_client
-    for container in client.containers.list(all=True, filters={"volume": f"cloudgpu-{name}"}):
-        container.remove(force=True)
-    with contextlib.suppress(NotFound):
-        client.volumes.get(f"cloudgpu-{name}").remove(force=True)
+    remove_volume(docker_client, f"cloudgpu-{name}")
 
 
 def _volume_exists(docker_client: Any, name: str) -> bool:

@@ -29,6 +29,7 @@ from supplier_agent.containers import (
 from supplier_agent.limits import HostResources, Reserve, nofile_limit
 from supplier_agent.protocol import CacheVolume, DockerRun, RenterVolume
 from tests.support import control_plane
+from tests.support.docker_cleanup import remove_containers, remove_volume
 from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.docker
@@ -48,10 +49,7 @@ def agent_id(docker_client: Any) -> Iterator[str]:
     """A fresh agent identity; whatever it leaves in Docker is removed, even after a failure."""
     agent = str(uuid.uuid4())
     yield agent
-    for container in docker_client.containers.list(
-        all=True, filters={"label": f"cloudgpu.claim={agent}"}
-    ):
-        container.remove(force=True, v=True)
+    remove_containers(docker_client, {"label": f"cloudgpu.claim={agent}"})
     with contextlib.suppress(NotFound):
         docker_client.volumes.get(f"cloudgpu-cache-{_cache_name(agent)}").remove(force=True)
 
@@ -590,12 +588,7 @@ def renter_volume(docker_client: Any) -> Iterator[str]:
     """A fresh renter volume's wire name; its Docker volume is removed after the test."""
     name = f"vol-{uuid.uuid4().hex}{uuid.uuid4().hex[:8]}"
     yield name
-    for container in docker_client.containers.list(
-        all=True, filters={"volume": f"cloudgpu-{name}"}
-    ):
-        container.remove(force=True)
-    with contextlib.suppress(NotFound):
-        docker_client.volumes.get(f"cloudgpu-{name}").remove(force=True)
+    remove_volume(docker_client, f"cloudgpu-{name}")
 
 
 def test_a_renter_volume_keeps_its_files_for_the_next_lease(

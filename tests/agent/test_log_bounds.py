@@ -16,6 +16,7 @@ from supplier_agent.containers import ContainerRuntime
 from supplier_agent.logs import LogPump
 from supplier_agent.protocol import MAX_LOG_CHUNK_BYTES, DockerRun, LogChunk
 from tests.support.agents import AGENT, agent_env, new_token
+from tests.support.docker_cleanup import remove_containers
 from tests.support.fake_gpus import fake_nvml_env
 from tests.support.polling import wait_for
 
@@ -146,10 +147,7 @@ CHATTY = (
 def agent_id(docker_client: Any) -> Iterator[str]:
     agent = str(uuid.uuid4())
     yield agent
-    for container in docker_client.containers.list(
-        all=True, filters={"label": f"cloudgpu.claim={agent}"}
-    ):
-        container.remove(force=True, v=True)
+    remove_containers(docker_client, {"label": f"cloudgpu.claim={agent}"})
 
 
 def _spec(image: str, command: str) -> DockerRun:

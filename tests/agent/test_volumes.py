@@ -4,7 +4,6 @@ reports carry sizes and removals."""
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from supplier_agent.protocol import (
     parse_message,
 )
 from supplier_agent.volumes import DAY_S, GIB, VolumeJanitor, _split
+from tests.support.docker_cleanup import remove_volume
 
 pytestmark = pytest.mark.docker
 
@@ -60,10 +60,7 @@ def make_renter_volume(docker_client: Any) -> Iterator[Callable[[], str]]:
 
 def _remove_volumes(docker_client: Any, made: list[str]) -> None:
     for name in made:
-        for container in docker_client.containers.list(all=True, filters={"volume": name}):
-            container.remove(force=True)
-        with contextlib.suppress(NotFound):
-            docker_client.volumes.get(name).remove(force=True)
+        remove_volume(docker_client, name)
 
 
 def _exists(docker_client: Any, name: str) -> bool:

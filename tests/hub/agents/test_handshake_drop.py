@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 from channels.db import database_sync_to_async
+from prometheus_client import REGISTRY
 
 from hub.agents import registration_batch, token_batch
 from hub.suppliers.models import Host
@@ -20,6 +21,12 @@ from tests.support.batching import busy
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def _counted(step: str) -> float:
+    """The process's cloudgpu_agent_handshakes_dropped_total for one step (hub.lib.metrics)."""
+    sample = REGISTRY.get_sample_value("cloudgpu_agent_handshakes_dropped_total", {"step": step})
+    return sample or 0.0
+
+
 def _host_exists(agent_id: str) -> bool:
     return Host.objects.filter(agent_id=agent_id).exists()
 
@@ -27,6 +34,7 @@ def _host_exists(agent_id: str) -> bool:
 async def test_a_queued_token_check_whose_client_left_is_dropped() -> None:
     _, plaintext = await _supplier_token()
     dropped_before = token_batch.dropped()
+    counted_before = _counted("token")
     communicator = await _connect(plaintext)
     async with busy(token_batch.batchers.get()):
         await communicator.send_input({"type": "websocket.connect"})
@@ -34,6 +42,7 @@ async def test_a_queued_token_check_whose_client_left_is_dropped() -> None:
     await communicator.wait(timeout=10)
 
     assert token_batch.dropped() == dropped_before + 1
+    assert _counted("token") == counted_before + 1
     assert await communicator.receive_nothing()  # never accepted
 
 
@@ -41,6 +50,7 @@ async def test_a_queued_registration_whose_client_left_is_dropped() -> None:
     _, plaintext = await _supplier_token()
     agent_id = str(uuid.uuid4())
     dropped_before = registration_batch.dropped()
+    counted_before = _counted("register")
     with f.private_redis_keys():
         communicator = await _connect(plaintext)
         assert (await communicator.connect())[0]
@@ -51,6 +61,7 @@ async def test_a_queued_registration_whose_client_left_is_dropped() -> None:
 
     assert not await database_sync_to_async(_host_exists)(agent_id)
     assert registration_batch.dropped() == dropped_before + 1
+    assert _counted("register") == counted_before + 1
 
 
 async def test_a_queued_registration_whose_client_stays_is_answered() -> None:
