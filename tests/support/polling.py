@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
+
+
+def _polls(probe: Callable[[], T | None], timeout_s: float, what: str) -> Iterator[T | None]:
+    """``probe``'s answers, one per poll, until the deadline fails the test; the caller stops
+    at the first truthy one and waits between the others in its own way."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        yield probe()
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def wait_for(
@@ -18,14 +28,11 @@ def wait_for(
     what: str = "condition",
 ) -> T:
     """Call ``probe`` until it returns something truthy; fail the test at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = probe()
+    for result in _polls(probe, timeout_s, what):
         if result:
             return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
         time.sleep(interval_s)
+    raise AssertionError("unreachable")
 
 
 async def async_wait_for(
@@ -36,11 +43,8 @@ async def async_wait_for(
     what: str = "condition",
 ) -> T:
     """``wait_for`` on an event loop: the loop runs its other tasks between the probes."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = probe()
+    for result in _polls(probe, timeout_s, what):
         if result:
             return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
         await asyncio.sleep(interval_s)
+    raise AssertionError("unreachable")
