@@ -79,6 +79,8 @@ class Batcher(Generic[Request, Result]):
         try:
             wanted: list[tuple[Request, asyncio.Future[Result]]] = []
             for request, client_left, future in batch:
+                if future.done():  # its waiter was cancelled (its socket's task ended)
+                    continue
                 if client_left():
                     self.dropped += 1
                     self._on_dropped()

@@ -111,6 +111,22 @@ async def test_a_request_whose_client_left_is_dropped_when_its_batch_forms() -> 
     assert batcher.dropped == 1
 
 
+async def test_a_cancelled_waiter_is_skipped_and_its_batch_still_answers_the_others() -> None:
+    db = _Database()
+    batcher = _batcher(db)
+    first = asyncio.ensure_future(batcher.submit(0, _stays))
+    await async_wait_for(lambda: db.batches, timeout_s=5, what="the first batch")
+    cancelled = asyncio.ensure_future(batcher.submit(2, _stays))
+    staying = asyncio.ensure_future(batcher.submit(4, _stays))
+    await async_wait_for(lambda: batcher.waiting == 2, timeout_s=5, what="two waiting")
+    cancelled.cancel()
+    db.release.set()
+    await first
+    assert await staying == 40
+    assert cancelled.cancelled()
+    assert db.batches == [[0], [4]]
+
+
 async def test_one_object_per_event_loop() -> None:
     per_loop = group_commit.PerLoop(object)
     here = per_loop.get()
