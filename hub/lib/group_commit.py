@@ -49,6 +49,7 @@ class Batcher(Generic[Request, Result]):
         self.in_flight = 0
         self.dropped = 0  # requests skipped because their client had left
         self.batches = 0  # batches sent (the tests and the bench read it)
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def submit(self, request: Request, client_left: Callable[[], bool]) -> Result:
         """The request's result from the next batch; ClientLeft if its client goes before the
@@ -70,8 +71,13 @@ class Batcher(Generic[Request, Result]):
             self._waiting = self._waiting[self.batch_max :]
             self.in_flight += 1
             # A context of its own: a batch serves many sockets, so it must not run in (and
-            # log with the bindings of, hub.lib.logjson) whichever one started it.
-            asyncio.get_running_loop().create_task(self._run(batch), context=contextvars.Context())
+            # log with the bindings of, hub.lib.logjson) whichever one started it. Held here
+            # until done: the loop keeps only a weak reference to a task.
+            task = asyncio.get_running_loop().create_task(
+                self._run(batch), context=contextvars.Context()
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _run(
         self, batch: list[tuple[Request, Callable[[], bool], asyncio.Future[Result]]]
