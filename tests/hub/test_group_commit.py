@@ -38,11 +38,18 @@ def _stays() -> bool:
     return False
 
 
-async def test_requests_that_arrive_while_one_batch_is_in_flight_share_the_next() -> None:
+async def _first_batch_in_flight() -> tuple[_Database, group_commit.Batcher, asyncio.Future[int]]:
+    """A batcher whose one batch in flight ([0]) waits for ``db.release``: what is submitted
+    next queues for the following batch."""
     db = _Database()
     batcher = _batcher(db)
     first = asyncio.ensure_future(batcher.submit(0, _stays))
     await async_wait_for(lambda: db.batches, timeout_s=5, what="the first batch")
+    return db, batcher, first
+
+
+async def test_requests_that_arrive_while_one_batch_is_in_flight_share_the_next() -> None:
+    db, batcher, first = await _first_batch_in_flight()
     later = [asyncio.ensure_future(batcher.submit(r, _stays)) for r in (2, 4, 6)]
     db.release.set()
     assert await first == 0
@@ -94,10 +101,7 @@ async def test_a_failed_batch_fails_each_of_its_requests_and_the_next_batch_stil
 
 
 async def test_a_request_whose_client_left_is_dropped_when_its_batch_forms() -> None:
-    db = _Database()
-    batcher = _batcher(db)
-    first = asyncio.ensure_future(batcher.submit(0, _stays))
-    await async_wait_for(lambda: db.batches, timeout_s=5, what="the first batch")
+    db, batcher, first = await _first_batch_in_flight()
     gone = {"left": False}
     leaving = asyncio.ensure_future(batcher.submit(2, lambda: gone["left"]))
     staying = asyncio.ensure_future(batcher.submit(4, _stays))
@@ -112,10 +116,7 @@ async def test_a_request_whose_client_left_is_dropped_when_its_batch_forms() -> 
 
 
 async def test_a_cancelled_waiter_is_skipped_and_its_batch_still_answers_the_others() -> None:
-    db = _Database()
-    batcher = _batcher(db)
-    first = asyncio.ensure_future(batcher.submit(0, _stays))
-    await async_wait_for(lambda: db.batches, timeout_s=5, what="the first batch")
+    db, batcher, first = await _first_batch_in_flight()
     cancelled = asyncio.ensure_future(batcher.submit(2, _stays))
     staying = asyncio.ensure_future(batcher.submit(4, _stays))
     await async_wait_for(lambda: batcher.waiting == 2, timeout_s=5, what="two waiting")
