@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 from channels.layers import get_channel_layer
 
-from hub.lib import redis_keys
+from hub.lib import redis_keys, redis_pipeline
 from hub.lib.compat_channels_redis import layer_redis
 from hub.suppliers import liveness
 
@@ -77,18 +77,21 @@ class _GroupCommit:
             deadlines, pending, rtts = self._deadlines, self._pending, self._rtts
             waiters = self._waiters
             self._deadlines, self._pending, self._rtts, self._waiters = {}, {}, {}, []
+            commands: list[redis_pipeline.Command] = []
+            if deadlines:
+                commands.append(("ZADD", liveness.liveness_key(), *_score_member(deadlines)))
+            if pending:
+                commands.append(("HSET", pending_key(), *_field_value(pending)))
+            if rtts:
+                commands.append(("HSET", rtt_key(), *_field_value(rtts)))
             try:
                 # The channel layer's own pool on the same Redis: no second pool per process,
                 # and it is closed with its loop. One writer at a time: one connection.
-                connection = layer_redis(get_channel_layer())
-                async with connection.pipeline(transaction=False) as pipe:
-                    if deadlines:
-                        pipe.zadd(liveness.liveness_key(), deadlines)
-                    if pending:
-                        pipe.hset(pending_key(), mapping=pending)
-                    if rtts:
-                        pipe.hset(rtt_key(), mapping=rtts)
-                    await pipe.execute()
+                # redis_pipeline: without redis-py's Pipeline machinery, most of this write's
+                # CPU at 10,000 agents held (docs/benchmarks.md, issue 15).
+                await redis_pipeline.send(
+                    layer_redis(get_channel_layer()).connection_pool, commands
+                )
             except Exception as exc:  # every waiter learns it; the caller decides
                 for waiter in waiters:
                     if not waiter.done():
@@ -97,6 +100,20 @@ class _GroupCommit:
                 for waiter in waiters:
                     if not waiter.done():
                         waiter.set_result(None)
+
+
+def _score_member(deadlines: Mapping[str, float]) -> list[str | float]:
+    args: list[str | float] = []
+    for member, score in deadlines.items():
+        args += (score, member)
+    return args
+
+
+def _field_value(values: Mapping[str, str] | Mapping[str, int]) -> list[str | int]:
+    args: list[str | int] = []
+    for field_, value in values.items():
+        args += (field_, value)
+    return args
 
 
 _per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _GroupCommit] = (

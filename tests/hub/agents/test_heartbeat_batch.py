@@ -89,6 +89,25 @@ async def test_concurrent_heartbeats_share_their_redis_writes() -> None:
     assert 1 <= calls <= 10
 
 
+async def test_a_write_redis_refuses_fails_its_heartbeats_and_the_next_write_goes_through() -> None:
+    # An error reply (here WRONGTYPE: the liveness key is not a sorted set) reaches every
+    # heartbeat of that pipeline as RedisError, the socket's cue to write Postgres instead;
+    # the pool's connection, with a reply possibly unread, is not handed on half-read.
+    client = liveness.sync_client()
+    client.set(liveness.liveness_key(), "not a sorted set")
+    results = await asyncio.gather(
+        *(heartbeat_batch.record(host, time.time() + 45, "entry") for host in (1, 2, 3)),
+        return_exceptions=True,
+    )
+    assert all(isinstance(r, redis.exceptions.ResponseError) for r in results), results
+    assert "WRONGTYPE" in str(results[0])
+
+    client.delete(liveness.liveness_key())
+    await heartbeat_batch.record(4, time.time() + 45, "later")
+    assert liveness.deadline_of(4) is not None
+    assert client.hget(heartbeat_batch.pending_key(), "4") == b"later"
+
+
 def test_a_batch_of_hosts_is_written_in_a_few_statements() -> None:
     hosts = [f.register_host(gpus=[0, 1]) for _ in range(30)]
     at = timezone.now()
