@@ -2,12 +2,13 @@
 
 The heartbeats' group commit (hub.agents.heartbeat_batch) writes a small pipeline for nearly
 every heartbeat: at 10,000 agents held, ~600 a second from one web process. redis-py's
-``Pipeline`` builds a command stack, wraps the round trip in its retry helper and runs a reply
-callback per command; for two commands that machinery costs more than packing, sending and
-reading them (bench/group_commit_cost.py, docs/benchmarks.md). :func:`send` does only that, on
-a connection of the caller's pool, through the connection's public methods
-(``pack_commands``, ``send_packed_command``, ``read_response``, ``disconnect``) and the pool's
-(``get_connection``, ``release``), which are what ``Pipeline`` itself calls.
+``Pipeline`` adds a command stack, its retry helper and a reply callback per command to the
+round trip; without them a one-host write costs the process ~14 us (10 %) less CPU of its
+~140 us, the rest being the socket round trip itself (bench/group_commit_cost.py,
+docs/benchmarks.md, issue 15). :func:`send` packs, sends and reads, on a connection of the
+caller's pool, through the connection's public methods (``pack_commands``,
+``send_packed_command``, ``read_response``, ``disconnect``) and the pool's (``get_connection``,
+``release``), which are what ``Pipeline`` itself calls.
 """
 
 from __future__ import annotations
