@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from channels.layers import get_channel_layer
 
@@ -79,11 +79,12 @@ class _GroupCommit:
             self._deadlines, self._pending, self._rtts, self._waiters = {}, {}, {}, []
             commands: list[redis_pipeline.Command] = []
             if deadlines:
-                commands.append(("ZADD", liveness.liveness_key(), *_score_member(deadlines)))
+                scored = _flat((score, host) for host, score in deadlines.items())
+                commands.append(("ZADD", liveness.liveness_key(), *scored))
             if pending:
-                commands.append(("HSET", pending_key(), *_field_value(pending)))
+                commands.append(("HSET", pending_key(), *_flat(pending.items())))
             if rtts:
-                commands.append(("HSET", rtt_key(), *_field_value(rtts)))
+                commands.append(("HSET", rtt_key(), *_flat(rtts.items())))
             try:
                 # The channel layer's own pool on the same Redis: no second pool per process,
                 # and it is closed with its loop. One writer at a time: one connection.
@@ -102,18 +103,9 @@ class _GroupCommit:
                         waiter.set_result(None)
 
 
-def _score_member(deadlines: Mapping[str, float]) -> list[str | float]:
-    args: list[str | float] = []
-    for member, score in deadlines.items():
-        args += (score, member)
-    return args
-
-
-def _field_value(values: Mapping[str, str] | Mapping[str, int]) -> list[str | int]:
-    args: list[str | int] = []
-    for field_, value in values.items():
-        args += (field_, value)
-    return args
+def _flat(pairs: Iterable[tuple[str | float, str | float]]) -> list[str | float]:
+    """Pairs as one argument list: ZADD's score member ..., HSET's field value ..."""
+    return [item for pair in pairs for item in pair]
 
 
 _per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _GroupCommit] = (
