@@ -34,6 +34,7 @@ BACKOFF_BASE_S = 1.0  # the first attempt is refused until the hub has recorded 
 BACKOFF_CAP_S = 30.0
 STABLE_TUNNEL_S = 60.0  # a tunnel up this long was healthy: its next failure backs off afresh
 TERM_GRACE_S = 3.0
+TOOL_TIMEOUT_S = 60.0  # ssh-keygen takes ~10 ms; a minute is a hung tool
 MAX_DETAIL = 512  # tunnel_state.detail in the protocol
 MISSING_SSH = (
     "this host cannot open tunnels: the OpenSSH client ({tool}) is not installed; "
@@ -359,6 +360,10 @@ class TunnelManager:
             returncode = await process.wait()
         finally:
             await _terminate(process)
+            # The rest of stderr to its end: the pipe closes now, not when the garbage
+            # collector finds it after the loop is gone (cancelled mid-read at shutdown).
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(process.communicate(), TERM_GRACE_S)
         return up_since, exit_detail(list(lines), returncode)
 
 
@@ -399,7 +404,18 @@ async def _run_tool(*argv: str) -> str:
         )
     except FileNotFoundError:
         raise TunnelUnavailable(MISSING_SSH.format(tool=argv[0])) from None
-    out, err = await asyncio.wait_for(process.communicate(), 60)
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), TOOL_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise CommandFailed(f"{argv[0]} did not finish in {TOOL_TIMEOUT_S:.0f} s") from None
+    finally:
+        # Timed out, or cancelled (the agent stopping mid-keygen): the tool must not outlive
+        # the call, nor its pipes stay open for the garbage collector to find after the loop
+        # closed. Killed, drained and reaped here; on the normal path this returns at once.
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+        await process.communicate()
     if process.returncode != 0:
         raise CommandFailed(f"{argv[0]} failed: {err.decode(errors='replace').strip()}")
     return out.decode()

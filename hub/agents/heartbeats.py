@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 from redis.exceptions import RedisError
 
@@ -130,15 +131,17 @@ def foreign_processes(message: Heartbeat) -> dict[str, list[ForeignProcess]]:
 
 def flag_foreign_processes(host_id: int, found: dict[str, list[ForeignProcess]]) -> None:
     """Mark the leases and GPUs where another platform's processes showed up (renter and admin
-    see it); the first sighting is kept."""
+    see it); the first sighting is kept. One transaction: nobody reads the lease flagged and
+    its GPU not yet (the admin's GPU list and the renter's lease page agree)."""
     now = timezone.now()
-    Lease.objects.filter(
-        host_id=host_id, pk__in=list(found), foreign_process_seen_at__isnull=True
-    ).update(foreign_process_seen_at=now)
     indices = {p.gpu_index for processes in found.values() for p in processes}
-    Gpu.objects.filter(
-        host_id=host_id, index__in=indices, foreign_process_seen_at__isnull=True
-    ).update(foreign_process_seen_at=now)
+    with transaction.atomic():
+        Lease.objects.filter(
+            host_id=host_id, pk__in=list(found), foreign_process_seen_at__isnull=True
+        ).update(foreign_process_seen_at=now)
+        Gpu.objects.filter(
+            host_id=host_id, index__in=indices, foreign_process_seen_at__isnull=True
+        ).update(foreign_process_seen_at=now)
     for lease_id, processes in found.items():
         names = ", ".join(f"GPU {p.gpu_index}: {p.name} (pid {p.pid})" for p in processes)
         log.warning("host %s, lease %s: foreign compute processes: %s", host_id, lease_id, names)

@@ -4,10 +4,13 @@ loopback, real HTTP through the forwards. First the supervisor on its own, then 
 from __future__ import annotations
 
 import asyncio
+import gc
 import http.server
+import os
 import signal
 import threading
 import uuid
+import warnings
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,12 +20,14 @@ import httpx
 import psutil
 import pytest
 
+from supplier_agent import tunnels as tunnels_module
 from supplier_agent.protocol import TunnelSpec, TunnelState
+from supplier_agent.runtime import CommandFailed
 from supplier_agent.tunnels import KEY_NAME, TunnelManager
 from tests.support.agents import agent_env, configure, new_token, running_agent
 from tests.support.hub_peer import HubPeer, PeerConnection
 from tests.support.loops import run_on_own_loop
-from tests.support.polling import wait_for
+from tests.support.polling import async_wait_for, wait_for
 from tests.support.sshd import TUNNEL_USER, Sshd, free_port, generate_key, port_accepts
 
 T = TypeVar("T")
@@ -465,3 +470,61 @@ def test_a_new_lease_takes_the_spare_key_and_a_new_spare_is_made(tmp_path: Path)
     assert second != first
     manager.forget_keys(keep=set())  # a restart's tidy-up keeps the spare's folder
     assert not any(p.name != "spare" for p in manager.root.iterdir())
+
+
+def _hanging_keygen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An ``ssh-keygen`` first on PATH that notes its pid and never finishes."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    pid_file = tmp_path / "keygen.pid"
+    keygen = tools / "ssh-keygen"
+    keygen.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 600\n")
+    keygen.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    return pid_file
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_an_agent_stopping_mid_keygen_leaves_no_tool_or_pipe_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shutdown cancels a spare-key refill: the ssh-keygen is killed and reaped, and its pipes
+    are closed before the loop goes (else an unclosed-transport warning fires later)."""
+    pid_file = _hanging_keygen(tmp_path, monkeypatch)
+    manager = TunnelManager(tmp_path / "tunnels", lambda message: None)
+
+    async def scenario() -> None:
+        refill = asyncio.create_task(manager.refill_spare())
+        await async_wait_for(
+            lambda: pid_file.exists() and pid_file.read_text().strip(),
+            timeout_s=30,
+            what="ssh-keygen to start",
+        )
+        refill.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await refill
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        run_on_own_loop(scenario())
+        gc.collect()
+    assert _gone(int(pid_file.read_text()))
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
+def test_a_hung_ssh_keygen_fails_clearly_and_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pid_file = _hanging_keygen(tmp_path, monkeypatch)
+    monkeypatch.setattr(tunnels_module, "TOOL_TIMEOUT_S", 0.5)
+    manager = TunnelManager(tmp_path / "tunnels", lambda message: None)
+    with pytest.raises(CommandFailed, match="ssh-keygen did not finish"):
+        run_on_own_loop(manager.refill_spare())
+    assert _gone(int(pid_file.read_text()))
