@@ -18,13 +18,6 @@ from tests.support.polling import wait_for
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _dsn() -> str:
-    params = connection.get_connection_params()
-    return psycopg.conninfo.make_conninfo(
-        **{k: v for k, v in params.items() if k in ("host", "port", "dbname", "user", "password")}
-    )
-
-
 def _blocked_on_a_lock(probe: psycopg.Connection, pid: int) -> bool:
     row = probe.execute(
         "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
@@ -52,8 +45,8 @@ def test_while_the_gpu_row_is_busy_nobody_sees_the_lease_flagged_alone() -> None
             connection.close()
 
     with (
-        psycopg.connect(_dsn(), autocommit=False) as holder,
-        psycopg.connect(_dsn(), autocommit=True) as reader,
+        psycopg.connect(**connection.get_connection_params(), autocommit=False) as holder,
+        psycopg.connect(**connection.get_connection_params(), autocommit=True) as reader,
     ):
         # Another transaction holds the GPU row: the flagger waits on it mid-way.
         holder.execute("SELECT 1 FROM suppliers_gpu WHERE id = %s FOR UPDATE", (gpu.pk,))
