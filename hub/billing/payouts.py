@@ -40,10 +40,22 @@ def held_micros(account: User) -> int:
     return int(total or 0)
 
 
+def earned_micros(account: User) -> int:
+    """Earnings less what was paid out: the part of a balance that came from renting GPUs out.
+    Top-ups, payments and adjustments are not in it, so credit bought with a card (perhaps a
+    stolen one) can be spent on rentals but never turned back into a transfer."""
+    totals = LedgerEntry.objects.filter(
+        account=account, kind__in=[LedgerEntry.Kind.EARNING, LedgerEntry.Kind.PAYOUT]
+    ).aggregate(total=Sum("amount_micros"))
+    return int(totals["total"] or 0)
+
+
 def payable_micros(account: User) -> int:
-    """What a supplier can ask to be paid now: their balance less what they asked for already
-    (never below zero: a balance spent on rentals is not payable)."""
-    return max(0, services.balance_micros(account) - held_micros(account))
+    """What a supplier can ask to be paid now: earnings not yet paid out, less what they asked
+    for already, and never more than the balance (earnings spent on rentals are gone); never
+    below zero."""
+    held = held_micros(account)
+    return max(0, min(earned_micros(account), services.balance_micros(account)) - held)
 
 
 def request_payout(account: User, amount_micros: int) -> Payout:

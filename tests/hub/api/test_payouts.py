@@ -22,10 +22,17 @@ pytestmark = pytest.mark.django_db
 UNIT = 1_000_000
 
 
+def earn(supplier: User, micros: int) -> None:
+    """An earning row, as metering writes one when a renter pays for the supplier's GPU."""
+    LedgerEntry.objects.create(
+        account=supplier, kind=LedgerEntry.Kind.EARNING, amount_micros=micros
+    )
+
+
 @pytest.fixture
 def supplier() -> User:
     supplier = f.make_user("supplier")
-    top_up(supplier, 100 * UNIT)  # stands for earnings: payable is the balance
+    earn(supplier, 100 * UNIT)
     return supplier
 
 
@@ -55,6 +62,32 @@ def test_a_supplier_sees_what_is_payable_and_requests_a_payout(supplier: User) -
     refused = api.post("/api/v1/payouts/", {"amount": "50"}, format="json")
     assert refused.status_code == 400
     assert "at most $40.00" in refused.json()["detail"]
+
+
+def test_topped_up_credit_is_never_payable() -> None:
+    """Issue 33 item 6: a renter with only topped-up credit asked for 50 and got 'requested'."""
+    renter = f.make_user("renter")
+    top_up(renter, 100 * UNIT)
+    api = _payouts_api(renter)
+    assert api.get("/api/v1/payouts/").json()["payable_micros"] == 0
+    refused = api.post("/api/v1/payouts/", {"amount": "50"}, format="json")
+    assert refused.status_code == 400
+    assert "at most $0.00" in refused.json()["detail"]
+    assert not Payout.objects.filter(account=renter).exists()
+
+
+def test_only_earnings_less_paid_and_pending_are_payable(supplier: User, admin: User) -> None:
+    top_up(supplier, 50 * UNIT)  # the supplier rents too: this credit is not theirs to cash
+    assert payouts.payable_micros(supplier) == 100 * UNIT
+    payouts.mark_payout_paid(payouts.request_payout(supplier, 30 * UNIT).pk, "ref 1", admin)
+    payouts.request_payout(supplier, 20 * UNIT)  # pending
+    assert billing.balance_micros(supplier) == 120 * UNIT
+    assert payouts.payable_micros(supplier) == 50 * UNIT
+    with pytest.raises(billing.BillingError, match=r"at most \$50\.00"):
+        payouts.request_payout(supplier, 60 * UNIT)
+    # Earnings spent on rentals are gone: never more than the balance.
+    billing.adjust(supplier, -110 * UNIT, "spent on rentals (stand-in)", admin)
+    assert payouts.payable_micros(supplier) == 0
 
 
 def test_a_payout_below_the_minimum_is_refused_in_words(supplier: User) -> None:

@@ -10,7 +10,9 @@ every step it checks, against its own record of what happened (not the metering 
   whose bill is closed was charged exactly its running time less its outages, to the second;
 - no rent starts that the renter's balance cannot carry a minute of, on top of every other
   active rental of theirs;
-- no lease costs more than the maximum the renter agreed to.
+- no lease costs more than the maximum the renter agreed to;
+- no account is paid out, or holds requests for, more than it earned (issue 33: top-ups are
+  never payable), and a payout is refused exactly when it asks for more than that.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import pytest
+from django.conf import settings as django_settings
 from django.db.models import Sum
+from django.test import override_settings
 from django.utils import timezone
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -31,9 +35,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from hub.billing import metering
+from hub.billing import metering, payouts
 from hub.billing import services as billing
-from hub.billing.models import LedgerEntry
+from hub.billing.models import LedgerEntry, Payout
 from hub.leases import funds
 from hub.leases import services as leases
 from hub.leases.models import Command, Lease
@@ -83,6 +87,9 @@ class MoneyRules(RuleBasedStateMachine):
             # A dollar: a minute of a $36/h GPU fits, a minute of two does not.
             billing.adjust(renter, UNIT, "opening balance", self.admin)
         self.host = f.register_host(gpus=list(range(GPUS)))
+        self.supplier = self.host.owner
+        # Renters and the supplier alike may ask for money out; renters hold only top-ups.
+        self.payees = [*self.renters, self.supplier]
         self.gpu_ids = dict(Gpu.objects.filter(host=self.host).values_list("index", "pk"))
         Gpu.objects.filter(host=self.host).update(price_per_hour_micros=36 * UNIT)
         self.rentals: dict[str, Rental] = {}
@@ -222,7 +229,47 @@ class MoneyRules(RuleBasedStateMachine):
         if ok:
             rental.over = True
 
+    # --- money out -------------------------------------------------------------------------
+
+    @rule(who=st.integers(0, 2), amount=st.sampled_from([UNIT // 100, UNIT // 10, UNIT, 10 * UNIT]))
+    def someone_asks_for_a_payout(self, who: int, amount: int) -> None:
+        account = self.payees[who]
+        earned = self._sum(account, Kind.EARNING) + self._sum(account, Kind.PAYOUT)
+        held = self._held(account)
+        room = min(earned, billing.balance_micros(account)) - held
+        try:
+            payouts.request_payout(account, amount)
+        except billing.BillingError:
+            assert amount > room or amount < settings_minimum()
+            return
+        assert amount <= room
+        assert amount >= settings_minimum()
+
+    @precondition(lambda self: Payout.objects.filter(state=Payout.State.REQUESTED).exists())
+    @rule(data=st.data(), pay=st.booleans())
+    def admin_handles_a_payout(self, data: st.DataObject, pay: bool) -> None:
+        ids = list(Payout.objects.filter(state=Payout.State.REQUESTED).values_list("pk", flat=True))
+        payout_id = data.draw(st.sampled_from(sorted(ids)))
+        if not pay:
+            assert payouts.cancel_payout(payout_id, self.admin)
+            return
+        payout = Payout.objects.get(pk=payout_id)
+        if billing.balance_micros(payout.account) >= payout.amount_micros:
+            payouts.mark_payout_paid(payout_id, "transfer", self.admin)
+        else:
+            with pytest.raises(billing.BillingError, match="less than the payout"):
+                payouts.mark_payout_paid(payout_id, "transfer", self.admin)
+
     # --- the rules ---------------------------------------------------------------------------
+
+    @invariant()
+    def nobody_is_paid_more_than_they_earned(self) -> None:
+        for account in self.payees:
+            paid = -self._sum(account, Kind.PAYOUT)
+            assert paid + self._held(account) <= self._sum(account, Kind.EARNING)
+            assert 0 <= payouts.payable_micros(account) <= max(0, billing.balance_micros(account))
+        for renter in self.renters:  # they never earn: nothing of theirs is ever payable
+            assert payouts.payable_micros(renter) == 0
 
     @invariant()
     def charges_equal_earnings_plus_fees(self) -> None:
@@ -263,6 +310,14 @@ class MoneyRules(RuleBasedStateMachine):
                 assert lease.charged_micros == ceiling
 
     # --- helpers -----------------------------------------------------------------------------
+
+    def _sum(self, account: object, kind: str) -> int:
+        rows = LedgerEntry.objects.filter(account=account, kind=kind)
+        return int(rows.aggregate(total=Sum("amount_micros"))["total"] or 0)
+
+    def _held(self, account: object) -> int:
+        rows = Payout.objects.filter(account=account, state=Payout.State.REQUESTED)
+        return int(rows.aggregate(total=Sum("amount_micros"))["total"] or 0)
 
     def _command(self, rental: Rental, kind: str) -> Command:
         return Command.objects.filter(lease_id=rental.id, kind=kind).latest("created_at")
@@ -307,6 +362,12 @@ class MoneyRules(RuleBasedStateMachine):
         return rental.price * seconds // 3600
 
 
+def settings_minimum() -> int:
+    return int(django_settings.PAYOUT_MINIMUM_MICROS)
+
+
+# Payouts from a dime (the default minimum is $10), so the short histories reach them.
+@override_settings(PAYOUT_MINIMUM_MICROS=UNIT // 10)
 def test_money_rules_hold_over_random_market_histories() -> None:
     run_state_machine_as_test(
         MoneyRules,
@@ -322,6 +383,26 @@ def test_money_rules_hold_over_random_market_histories() -> None:
 def _checked(machine: MoneyRules) -> None:
     machine.charges_equal_earnings_plus_fees()
     machine.nothing_is_charged_after_stop_or_while_away()
+
+
+@override_settings(PAYOUT_MINIMUM_MICROS=UNIT // 10)
+def test_known_history_a_renter_cannot_cash_out_a_top_up() -> None:
+    """Issue 33 item 6: topped-up credit asked back as a payout; then the supplier, who earned
+    a minute of a $36 GPU, may ask for that and no more."""
+    machine = MoneyRules()
+    machine.top_up(0, 10 * UNIT)
+    with pytest.raises(billing.BillingError, match="at most"):
+        payouts.request_payout(machine.renters[0], UNIT)
+    machine.rent(0, 0, "current", 0)
+    rental = _only_rental(machine)
+    machine.answer_reserve(rental, ok=True)
+    machine.start_container(rental)
+    machine.advance(600)
+    machine.stop(rental)
+    earned = machine._sum(machine.supplier, Kind.EARNING)
+    assert 0 < earned < 6 * UNIT
+    assert payouts.payable_micros(machine.supplier) == earned
+    machine.nobody_is_paid_more_than_they_earned()
 
 
 def _only_rental(machine: MoneyRules) -> Rental:
