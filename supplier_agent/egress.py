@@ -7,10 +7,13 @@ the lease bridge (IPv4 with ``iptables``, IPv6 with ``ip6tables`` where the host
 
 - ``CLOUDGPU-EGRESS`` (jumped to from ``DOCKER-USER``, which Docker consults first for
   forwarded traffic): from the bridge, answers to connections made from outside pass, DNS to
-  the host's resolvers passes, the supplier's allowed ranges pass, and private, shared (CGNAT),
-  link-local (169.254.169.254 included), loopback, multicast and reserved destinations are
-  dropped; everything else (the internet) passes. Towards the bridge, new connections from
-  anywhere else are dropped: the only way in is the agent's tunnel through the loopback port.
+  the host's resolvers passes, the supplier's allowed ranges pass, and every destination that
+  IANA's special-purpose address registries mark not globally reachable is dropped: private,
+  CGNAT, link-local (169.254.169.254 included), loopback, documentation, benchmarking, reserved,
+  6to4 and the like, and multicast with them (the few globally reachable blocks inside
+  2001::/23 pass); everything else (the internet) passes. Towards the bridge, new connections
+  from anywhere else are dropped: the only way in is the agent's tunnel through the loopback
+  port.
 - ``CLOUDGPU-INPUT`` (jumped to from ``INPUT``): from the bridge to the host itself, only
   answers and DNS to a resolver on the host pass; nothing else of the host is reachable.
 - In the ``raw`` table, packets for 127.0.0.0/8 that arrive on any interface but loopback are
@@ -36,25 +39,57 @@ EGRESS_CHAIN = "CLOUDGPU-EGRESS"
 INPUT_CHAIN = "CLOUDGPU-INPUT"
 RAW_CHAIN = "CLOUDGPU-RAW"
 
+# Every entry of IANA's IPv4 and IPv6 special-purpose address registries whose "Globally
+# Reachable" is False (or N/A for a deprecated one), plus multicast: from a rental, each of these
+# can only mean the supplier's own network or the path to it. The registry lists smaller entries
+# inside some of these (0.0.0.0/32 in 0/8, 192.0.0.170/31 in 192.0.0.0/24, 2001:2::/48 in
+# 2001::/23, ...); the enclosing entry covers them.
 BLOCKED_V4 = (
-    "0.0.0.0/8",
+    "0.0.0.0/8",  # "this network": Linux routes all of it but 0.0.0.0 (since 5.3)
     "10.0.0.0/8",
     "100.64.0.0/10",  # shared address space (carrier-grade NAT)
     "127.0.0.0/8",
     "169.254.0.0/16",  # link-local, cloud metadata
     "172.16.0.0/12",
+    # IETF protocol assignments (DS-Lite, NAT64 discovery, ...). Its globally reachable
+    # 192.0.0.9 (PCP anycast) and 192.0.0.10 (TURN anycast) stay dropped too: the nearest
+    # router answers them, which is the supplier's, and PCP there opens ports on its NAT.
     "192.0.0.0/24",
+    "192.0.2.0/24",  # documentation (TEST-NET-1)
+    "192.88.99.0/24",  # deprecated 6to4 relay anycast (RFC 7526): relays into 2002::/16
     "192.168.0.0/16",
-    "198.18.0.0/15",
+    "198.18.0.0/15",  # benchmarking
+    "198.51.100.0/24",  # documentation (TEST-NET-2)
+    "203.0.113.0/24",  # documentation (TEST-NET-3)
     "224.0.0.0/4",  # multicast
-    "240.0.0.0/4",  # reserved and broadcast
+    "240.0.0.0/4",  # reserved, and 255.255.255.255 (limited broadcast)
 )
 BLOCKED_V6 = (
+    "::/128",  # unspecified
     "::1/128",
-    "::ffff:0:0/96",  # IPv4-mapped: the IPv4 rules judge those
+    "::ffff:0:0/96",  # IPv4-mapped: never on the wire, and would name IPv4 hosts
+    "64:ff9b:1::/48",  # local-use IPv4/IPv6 translation (the supplier's own NAT64)
+    "100::/64",  # discard-only
+    "100:0:0:1::/64",  # dummy prefix (RFC 9780)
+    "2001::/23",  # IETF protocol assignments: Teredo, benchmarking, ORCHID; see the exceptions
+    "2001:db8::/32",  # documentation
+    "2002::/16",  # 6to4: embeds IPv4 addresses, private ones included
+    "3fff::/20",  # documentation
+    "5f00::/16",  # segment routing (SRv6) SIDs
     "fc00::/7",  # unique local
     "fe80::/10",  # link-local
+    "fec0::/10",  # deprecated site-local (RFC 3879)
     "ff00::/8",  # multicast
+)
+# The globally reachable entries inside a blocked range: passed before the drops. Not the
+# anycast service addresses 2001:1::1 (PCP), 2001:1::2 (TURN) and 2001:1::3 (DNS-SD SRP): like
+# their IPv4 twins in 192.0.0.0/24, the nearest router answers them, which is the supplier's;
+# PCP there opens ports in its firewall, SRP advertises services on its LAN.
+GLOBAL_EXCEPTIONS_V6 = (
+    "2001:3::/32",  # AMT (automatic multicast tunneling) relays
+    "2001:4:112::/48",  # AS112-v6 (reverse DNS sink for private ranges)
+    "2001:20::/28",  # ORCHIDv2 (cryptographic host identifiers)
+    "2001:30::/28",  # DRIP DETs (drone remote identification)
 )
 COMMAND_TIMEOUT_S = 20
 
@@ -68,10 +103,11 @@ class Family:
     tool: str
     blocked: tuple[str, ...]
     version: int
+    exceptions: tuple[str, ...] = ()  # globally reachable parts of ``blocked``: passed first
 
 
 IPV4 = Family("iptables", BLOCKED_V4, 4)
-IPV6 = Family("ip6tables", BLOCKED_V6, 6)
+IPV6 = Family("ip6tables", BLOCKED_V6, 6, GLOBAL_EXCEPTIONS_V6)
 
 
 def host_resolvers(resolv_conf: Path = Path("/etc/resolv.conf")) -> list[str]:
@@ -127,6 +163,8 @@ def _egress_rules(
     for network in allowed:
         if ipaddress.ip_network(network).version == ip_version:
             rules.append(["-i", bridge, "-d", network, "-j", "RETURN"])
+    for network in family.exceptions:
+        rules.append(["-i", bridge, "-d", network, "-j", "RETURN"])
     for network in family.blocked:
         rules.append(["-i", bridge, "-d", network, "-j", "DROP"])
     rules.append(["-j", "RETURN"])

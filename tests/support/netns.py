@@ -1,8 +1,11 @@
 """A neighbour on the supplier's LAN, for tests: a network namespace joined to this host by a
-veth pair, with a TCP listener that answers every connection with a marker.
+veth pair, with a TCP listener on each of its addresses that answers every connection with a
+marker and the address it was made to.
 
 Made with iproute2 (``ip netns``, ``ip link``), so it needs root; removed afterwards even when
-the test fails. Addresses come from 10.213.0.0/16, one /24 per neighbour.
+the test fails (deleting the link takes this host's routes through it along). Addresses come
+from 10.213.0.0/16, one /24 per neighbour, plus any ``routed`` ones the caller names: the
+neighbour holds those too and this host routes each to it, as to a router on its LAN.
 """
 
 from __future__ import annotations
@@ -10,19 +13,25 @@ from __future__ import annotations
 import secrets
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from tests.support.polling import wait_for
 
 LISTENER = """
-import socket, sys
-server = socket.create_server((sys.argv[3], int(sys.argv[1])))
-while True:
-    conn, _ = server.accept()
-    conn.sendall(sys.argv[2].encode() + b"\\n")
-    conn.close()
+import socket, sys, threading
+port, marker = int(sys.argv[1]), sys.argv[2]
+
+def serve(address):
+    server = socket.create_server((address, port))
+    while True:
+        conn, _ = server.accept()
+        conn.sendall(f"{marker} {address}\\n".encode())
+        conn.close()
+
+for address in sys.argv[3:]:
+    threading.Thread(target=serve, args=(address,)).start()
 """
 
 
@@ -34,6 +43,7 @@ class Neighbour:
     network: str
     port: int
     marker: str
+    routed: tuple[str, ...] = ()  # more of its addresses, which this host routes to it
 
     def run(self, *argv: str, timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
         """A command inside the neighbour's namespace."""
@@ -64,7 +74,7 @@ def _ip(*args: str) -> None:
 
 
 @contextmanager
-def lan_neighbour(subnet: int, port: int = 8080) -> Iterator[Neighbour]:
+def lan_neighbour(subnet: int, port: int = 8080, routed: Sequence[str] = ()) -> Iterator[Neighbour]:
     suffix = secrets.token_hex(3)
     name, host_end, ns_end = f"cgpu-lan-{suffix}", f"cgh{suffix}", f"cgn{suffix}"
     neighbour = Neighbour(
@@ -74,6 +84,7 @@ def lan_neighbour(subnet: int, port: int = 8080) -> Iterator[Neighbour]:
         network=f"10.213.{subnet}.0/24",
         port=port,
         marker=f"lan-{suffix}",
+        routed=tuple(routed),
     )
     listener: subprocess.Popen[bytes] | None = None
     _ip("netns", "add", name)
@@ -86,6 +97,11 @@ def lan_neighbour(subnet: int, port: int = 8080) -> Iterator[Neighbour]:
         _ip("-n", name, "link", "set", ns_end, "up")
         _ip("-n", name, "link", "set", "lo", "up")
         _ip("-n", name, "route", "add", "default", "via", neighbour.host_address)
+        for address in neighbour.routed:
+            # /32 each: a host route outranks whatever this host has for the range (its own
+            # LAN may be one of them), and takes no more of it than the test needs.
+            _ip("-n", name, "addr", "add", f"{address}/32", "dev", ns_end)
+            _ip("route", "add", f"{address}/32", "via", neighbour.address, "dev", host_end)
         listener = subprocess.Popen(
             [
                 "ip",
@@ -98,14 +114,16 @@ def lan_neighbour(subnet: int, port: int = 8080) -> Iterator[Neighbour]:
                 str(port),
                 neighbour.marker,
                 neighbour.address,
+                *neighbour.routed,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        addresses = (neighbour.address, *neighbour.routed)
         wait_for(
-            lambda: neighbour.marker in neighbour.connects(neighbour.address, port),
+            lambda: all(neighbour.marker in neighbour.connects(a, port) for a in addresses),
             timeout_s=30,
-            what="the neighbour's listener",
+            what="the neighbour's listeners",
         )
         yield neighbour
     finally:
