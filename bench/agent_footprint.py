@@ -66,7 +66,14 @@ def main() -> None:
                 hub,
                 token,
                 Path(folder) / "agent",
-                ["--gpu-devices", "none", "--lock-dir", str(Path(folder) / "locks")],
+                # --allow-local-images: no registry here, the image is built locally.
+                [
+                    "--gpu-devices",
+                    "none",
+                    "--lock-dir",
+                    str(Path(folder) / "locks"),
+                    "--allow-local-images",
+                ],
                 agent_env(**fake_nvml_env(table.path)),
             )
             try:

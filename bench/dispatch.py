@@ -166,7 +166,8 @@ def start_docker_agent(hub: common.Hub, token: str, folder: Path) -> subprocess.
         hub,
         token,
         folder / "agent",
-        ["--gpu-devices", "none", "--lock-dir", str(folder / "locks")],
+        # No registry here: the benchmark's image is built on this machine.
+        ["--gpu-devices", "none", "--lock-dir", str(folder / "locks"), "--allow-local-images"],
         agent_env(**fake_nvml_env(table.path)),
     )
 

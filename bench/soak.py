@@ -332,7 +332,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             hub,
             token,
             state,
-            ["--gpu-devices", "none", "--lock-dir", str(Path(folder) / "locks")],
+            # --allow-local-images: no registry here, the image is built locally.
+            [
+                "--gpu-devices",
+                "none",
+                "--lock-dir",
+                str(Path(folder) / "locks"),
+                "--allow-local-images",
+            ],
             agent_env(
                 CLOUDGPU_CONTAINER_LOG_MIB=str(args.container_log_mib),
                 # The agent too traces, and snapshots on SIGUSR2 (supplier_agent/profiling.py).
@@ -457,6 +464,7 @@ def agent_leases(args: argparse.Namespace) -> dict[str, Any]:
             table = FakeGpuTable.create(Path(folder) / "gpus.json", gpu_count=1)
             (Path(folder) / "locks").mkdir()
             options += ["--gpu-devices", "none", "--lock-dir", str(Path(folder) / "locks")]
+            options += ["--allow-local-images"]  # no registry here: the image is built locally
             env = agent_env(**fake_nvml_env(table.path))
         if configure(state, hub.url, token, *options, env=env).returncode != 0:
             raise RuntimeError("configure failed")

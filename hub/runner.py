@@ -233,14 +233,21 @@ def demo_agent_runtime(
         # compute modes untouched: a demo, not a supplier.
         "CLOUDGPU_GPU_DEVICES": "none",
         "CLOUDGPU_COMPUTE_MODE": "skip",
+        # The trial has no registry to pull from: its templates run images built on this
+        # machine, which a supplier's agent refuses unless they opt in (allow_local_images).
+        "CLOUDGPU_ALLOW_LOCAL_IMAGES": "1",
+        # A trial machine may have less free disk than a supplier's default floor (20 GiB),
+        # below which the agent takes no rentals.
+        "CLOUDGPU_DISK_FLOOR_GIB": "2",
         **simulated,
     }
+    local = "images of this machine rentable (allow_local_images, for the trial)"
     if simulated:
         return docker_settings, (
             "Docker runtime, --gpu-devices none, one simulated GPU (no NVIDIA GPU here): real "
-            "containers, no GPU in them"
+            f"containers, no GPU in them; {local}"
         )
-    return docker_settings, "Docker runtime, --gpu-devices none"
+    return docker_settings, f"Docker runtime, --gpu-devices none; {local}"
 
 
 def _start_demo_agent(

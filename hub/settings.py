@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-from hub.lib import csp
+from hub.lib import csp, disk_allowance
 from hub.lib.env import (
     EnvError,
     database_from_url,
@@ -509,6 +509,16 @@ CELERY_BEAT_SCHEDULE["charge-running-leases"] = {
 
 # Hosts pull this many of the catalogue's most rented images ahead of rentals (0: none).
 PREPULL_IMAGES = env_int("PREPULL_IMAGES", 3)
+
+# What a GPU's rental may write on its host (writable layer, cache, volumes) until its supplier
+# sets another allowance; a lease gets the sum of its GPUs'. 50 GiB: most images and a model.
+GPU_DISK_ALLOWANCE_DEFAULT_BYTES = env_int(
+    "GPU_DISK_ALLOWANCE_DEFAULT_BYTES", 50 * disk_allowance.GIB
+)
+if (_why := disk_allowance.out_of_bounds(GPU_DISK_ALLOWANCE_DEFAULT_BYTES)) is not None:
+    raise ImproperlyConfigured(
+        f"GPU_DISK_ALLOWANCE_DEFAULT_BYTES is {GPU_DISK_ALLOWANCE_DEFAULT_BYTES}: {_why}"
+    )
 
 # --- Supplier installer -----------------------------------------------------------------------
 # Where the hub builds the agent wheel it serves at /agent/ (built on first request).

@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from supplier_agent import __version__
 from supplier_agent.config import AgentConfig
+from supplier_agent.host_paths import redact_host_paths
 from supplier_agent.hostinfo import read_host_info
 from supplier_agent.lease_locks import LeaseLocks
 from supplier_agent.logjson import bind
@@ -44,6 +45,7 @@ from supplier_agent.protocol import (
     GpuHealth,
     GpuHealthReport,
     Heartbeat,
+    LeaseNotice,
     LogChunk,
     Logs,
     Message,
@@ -214,7 +216,20 @@ class Agent:
             )
             loop.call_soon_threadsafe(self._note_exit, message)
 
+        def disk_event(lease_id: str, cause: str, sentence: str) -> None:
+            if not cause:  # a notice for the renter; the rental goes on
+                self._send_from_thread(LeaseNotice(lease_id=lease_id, text=sentence))
+                return
+            message = ContainerExited(
+                lease_id=lease_id,
+                exit_code=137,  # killed
+                stop_cause=cause,
+                stop_reason=sentence,
+            )
+            loop.call_soon_threadsafe(self._note_exit, message)
+
         watcher = loop.run_in_executor(None, self.runtime.watch_exits, report_exit, watcher_stop)
+        disk_watcher = loop.run_in_executor(None, self.runtime.watch_disk, disk_event, watcher_stop)
         deadman = asyncio.create_task(self._deadman_loop(stop))
         housekeeping = asyncio.create_task(self._housekeeping_loop(stop))
         try:
@@ -231,6 +246,8 @@ class Agent:
             await self.tunnels.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(watcher, timeout=10)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(disk_watcher, timeout=10)
             await self.runtime.close()
 
     async def _restart_tunnels(self) -> None:
@@ -544,13 +561,26 @@ class Agent:
             else:  # pragma: no cover - parse_message only yields the above
                 raise CommandFailed(f"unsupported command {command.TYPE}")
         except CommandFailed as exc:
+            # The whole text here; the hub, and so the renter, gets it without host paths.
             log.warning("%s for lease %s failed: %s", command.TYPE, command.lease_id, exc)
-            return Ack(command_id=command.command_id, ok=False, error=_fit(str(exc)))
+            return self._refusal(command, str(exc))
         except Exception as exc:
             # A bug or an engine failure must cost one command, not the connection.
             log.exception("%s for lease %s crashed", command.TYPE, command.lease_id)
-            return Ack(command_id=command.command_id, ok=False, error=_fit(f"agent error: {exc}"))
+            return self._refusal(command, f"agent error: {exc}")
         return Ack(command_id=command.command_id, ok=True, result=result)
+
+    def _refusal(self, command: Command, error: str) -> Ack:
+        """The ack of a failed command. Its error becomes the lease's failure reason, which the
+        renter reads: Docker's and runc's host paths are left out (before ``_fit``, so a cut
+        cannot leave half a path), the paths the renter chose stay."""
+        chosen: list[str] = []
+        if isinstance(command, DockerRun):
+            chosen = [volume.path for volume in command.volumes]
+            if command.cache_volume is not None:
+                chosen.append(command.cache_volume.path)
+        text = redact_host_paths(error, host_folders=[str(self.state.dir.absolute())], keep=chosen)
+        return Ack(command_id=command.command_id, ok=False, error=_fit(text))
 
     def _check_epoch(self, gpu_indices: list[int] | tuple[int, ...], epoch: int) -> None:
         newer = self.state.stale_epoch(gpu_indices, epoch)

@@ -93,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
         "CVE-2025-23266 lets a renter's image take over this host",
     )
     configure.add_argument(
+        "--allow-local-images",
+        action="store_true",
+        help="rent out images that exist only on this host (your own builds) without pulling "
+        "them; by default every rental pulls its image anonymously from a public registry, so "
+        "renters can never run your private images",
+    )
+    configure.add_argument(
         "--allow-networks",
         help="comma-separated ranges on your network that rentals may reach (default: none; "
         "the internet and DNS are always reachable)",
@@ -266,6 +273,7 @@ def _write_config(state_dir: Path, args: argparse.Namespace, runtime: str, token
                         "accept_container_escape_risk",
                         "1" if args.accept_container_escape_risk else "",
                     ),
+                    ("allow_local_images", "1" if args.allow_local_images else ""),
                 )
                 if value
             },

@@ -56,9 +56,16 @@ class AgentConfig:
     # Renters' cache volumes unused this long are removed, and sooner while Docker's disk has
     # less free than the floor (volumes.py).
     volume_idle_days: float = 14.0
+    # Below this much free on Docker's disk (plus a guard band) the agent takes no rentals and
+    # stops the biggest writer (disk_guard.py); unused volumes go sooner too.
     disk_floor_gib: float = 20.0
+    # A rental's disk allowance when the hub sends none (hubs from before allowances).
+    disk_allowance_gib: float = 50.0
     # The most one lease's container output takes on Docker's disk, rotated (containers.py).
     container_log_mib: float = 64.0
+    # Rent out images that exist only on this host, unpulled (containers.obtain_image): off,
+    # every rental pulls its image anonymously from a public registry.
+    allow_local_images: bool = False
 
     @property
     def ws_url(self) -> str:
@@ -199,7 +206,9 @@ def load(flags: dict[str, str | None], env: dict[str, str] | None = None) -> Age
         in {"1", "true", "yes"},
         volume_idle_days=_positive("volume_idle_days", pick("volume_idle_days", "14")),
         disk_floor_gib=_positive("disk_floor_gib", pick("disk_floor_gib", "20")),
+        disk_allowance_gib=_positive("disk_allowance_gib", pick("disk_allowance_gib", "50")),
         container_log_mib=_positive("container_log_mib", pick("container_log_mib", "64")),
+        allow_local_images=(pick("allow_local_images") or "").lower() in {"1", "true", "yes"},
     )
     websocket_url(config.hub_url)  # fail now, not at the first connection
     return config

@@ -30,6 +30,7 @@ from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
 
 from supplier_agent import image_policy, protocol
 from supplier_agent.container_events import ExitCallback, ExitWatcher, close_stream
+from supplier_agent.disk_guard import DEFAULT_ALLOWANCE_BYTES, LABEL_ALLOWANCE
 from supplier_agent.egress import EgressError, EgressPolicy
 from supplier_agent.limits import HostResources, Reserve, lease_limits, nofile_limit
 from supplier_agent.protocol import DockerRun, ProtocolError
@@ -47,6 +48,9 @@ LABEL_VOLUME = "cloudgpu.volume"
 LABEL_VOLUME_CAP = "cloudgpu.volume.size_bytes"
 LEGACY_SHARED_CACHE_PREFIX = "template-"
 LABEL_NETWORK = "cloudgpu.network"
+# What the container was created from (ObtainedImage.digest): the ack reports it again when a
+# retried docker_run finds the container made already.
+LABEL_IMAGE_DIGEST = "cloudgpu.image.digest"
 # Every lease's container sits on this bridge, which drops traffic between its containers:
 # Docker's default bridge lets one tenant reach another's ports directly.
 NETWORK = "cloudgpu"
@@ -65,11 +69,27 @@ LOG_DRIVER = "local"
 LOG_FILES = 4
 PORT_BIND_TIMEOUT_S = 30.0
 PULL_LOG_EVERY_S = 5.0
-# Docker's default set minus what lets a tenant attack its neighbours on the shared bridge
-# (raw sockets: ARP/DNS spoofing) or make device nodes. CHOWN, SETUID/SETGID, DAC_OVERRIDE and
-# FOWNER stay (Jupyter's start script, gosu/su entrypoints, pip and apt need them), and so does
-# AUDIT_WRITE, without which sshd in a container refuses logins.
-DROPPED_CAPS = ("NET_RAW", "MKNOD")
+# Every capability is dropped and only these come back: what ordinary images need as root in
+# their own container (README, "What a rental can reach and use"). CHOWN, DAC_OVERRIDE and
+# FOWNER: entrypoints that fix ownership of volumes, pip and apt writing as root into files of
+# other users. SETUID and SETGID: gosu/su/sudo entrypoints (Jupyter's start script, ComfyUI's),
+# apt dropping to _apt, sshd's privilege separation. SYS_CHROOT: sshd's pre-auth sandbox.
+# AUDIT_WRITE: sshd refuses logins without it. KILL: a root supervisor (tini, Jupyter) signals
+# the processes it started as another user.
+# Gone from Docker's default set: NET_RAW (ARP/DNS spoofing of neighbours on the bridge), MKNOD
+# (device nodes), SETFCAP and SETPCAP (file and process capabilities), FSETID (keeping setuid
+# bits on changed files), NET_BIND_SERVICE (not needed: Docker sets the container's
+# net.ipv4.ip_unprivileged_port_start to 0, so any user binds ports below 1024).
+RENTAL_CAPS = (
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "KILL",
+    "SETGID",
+    "SETUID",
+    "SYS_CHROOT",
+)
 GPU_TOOLKIT_HINT = (
     "this host's Docker cannot give containers GPUs: "
     "install nvidia-container-toolkit and restart Docker"
@@ -88,6 +108,18 @@ class ContainerError(RuntimeError):
 class RunResult:
     container_id: str
     ports: dict[int, int]  # container port -> host port on 127.0.0.1
+    # What ran: "<repository>@sha256:<digest>" as pulled from its registry, or, where the
+    # supplier rents out images of their own host, the local image's id ("sha256:<id>").
+    image_digest: str = ""
+
+
+@dataclass(frozen=True)
+class ObtainedImage:
+    """The image a lease's container is created from, pinned: a later retag cannot swap it."""
+
+    ref: str  # what Docker creates the container from
+    digest: str  # what the lease records
+    local: bool  # taken from the host without a pull (the supplier's opt-in)
 
 
 @dataclass(frozen=True)
@@ -152,6 +184,8 @@ class ContainerRuntime:
         egress: EgressPolicy | None = None,
         toolkit_risk_accepted: bool = False,
         log_max_bytes: int = CONTAINER_LOG_MIB * 1024 * 1024,
+        allow_local_images: bool = False,
+        default_disk_allowance: int = DEFAULT_ALLOWANCE_BYTES,
     ) -> None:
         if gpu_devices not in {"nvidia", "none"}:
             raise ValueError("gpu_devices must be 'nvidia' or 'none'")
@@ -177,6 +211,15 @@ class ContainerRuntime:
         self.toolkit_risk_accepted = toolkit_risk_accepted
         # The most a lease's output takes on the supplier's disk, across its rotated files.
         self.log_max_bytes = log_max_bytes
+        # The supplier's opt-in to renting out images that exist only on this host (their own
+        # builds; the local trial and the tests, which have no registry). Off, every rental
+        # pulls its image anonymously from its registry, so the supplier's private images and
+        # whatever they pulled with their credentials are never a renter's to run.
+        self.allow_local_images = allow_local_images
+        # A lease's disk allowance when the hub sends none (hubs from before allowances).
+        self.default_disk_allowance = default_disk_allowance
+        # Whether Docker takes --storage-opt size= here; None until the first create tells.
+        self.storage_quota: bool | None = None
         # Containers we stop ourselves: their "die" is not an exit to report.
         self._exits = ExitWatcher(client, claim_label=LABEL_CLAIM, lease_label=LABEL_LEASE)
 
@@ -194,13 +237,18 @@ class ContainerRuntime:
 
     @_engine_errors
     def pull(self, ref: str) -> None:
-        """Pull ``ref`` with progress in the log; credentials come from Docker's own config."""
+        """Pull ``ref`` anonymously, with progress in the log.
+
+        Never with the supplier's credentials: docker-py would send those of the user's Docker
+        config (``~/.docker/config.json``) for the image's registry, and a renter naming the
+        supplier's private image would get it. An explicit empty auth config sends none."""
         log.info("pulling image %s", ref)
         started = last_report = time.monotonic()
         error: str | None = None
         try:
             # Read to the end even after an error event, so that the response gets closed.
-            for event in self.client.api.pull(ref, stream=True, decode=True):
+            events = self.client.api.pull(ref, stream=True, decode=True, auth_config={})
+            for event in events:
                 if "error" in event:
                     error = (event.get("errorDetail") or {}).get("message") or event["error"]
                 elif event.get("status") == "Pull complete":
@@ -216,6 +264,28 @@ class ContainerRuntime:
         if not self.image_present(ref):
             raise ContainerError(f"pulling image {ref} ended without the image")
         log.info("pulled image %s in %.0f s", ref, time.monotonic() - started)
+
+    @_engine_errors
+    def obtain_image(self, ref: str) -> ObtainedImage:
+        """The image a rental of ``ref`` runs: pulled from its registry for it (anonymously,
+        so Docker checks the registry even when the layers are here), pinned by digest.
+
+        An image that exists only on this host is refused with the sentence a missing one
+        gets, so that renters cannot probe which private images the supplier has; with the
+        supplier's ``allow_local_images`` a local copy is used as it is, pinned by its id.
+        """
+        if self.allow_local_images:
+            with contextlib.suppress(ImageNotFound):
+                local = self.client.images.get(ref)
+                return ObtainedImage(ref=str(local.id), digest=str(local.id), local=True)
+        self.pull(ref)
+        digest = registry_digest(ref, self.client.images.get(ref).attrs)
+        if digest is None:
+            # Docker answered the pull without a digest for this repository: nothing says
+            # this came from the registry, so it is treated as absent there.
+            log.warning("image %s has no registry digest after its pull; refusing it", ref)
+            raise ContainerError(not_found_message(ref))
+        return ObtainedImage(ref=digest, digest=digest, local=False)
 
     @_engine_errors
     def create(
@@ -239,16 +309,19 @@ class ContainerRuntime:
         refusal = image_policy.resolved_refusal(spec.image)
         if refusal is not None:
             raise ContainerError(refusal)
-        if not self.image_present(spec.image):
-            self.pull(spec.image)
+        image = self.obtain_image(spec.image)
         refusal = image_policy.image_env_refusal(
-            spec.image, image_policy.config_env(self.client.images.get(spec.image).attrs)
+            spec.image, image_policy.config_env(self.client.images.get(image.ref).attrs)
         )
         if refusal is not None:
             raise ContainerError(refusal)
         options = self._create_options(spec, gpu_indices, agent_id, gpu_uuids)
+        options["image"] = image.ref
+        options["labels"][LABEL_IMAGE_DIGEST] = image.digest
+        allowance = spec.disk_allowance_bytes or self.default_disk_allowance
+        options["labels"][LABEL_ALLOWANCE] = str(allowance)
         try:
-            container = self.client.containers.create(**options, network=self._network())
+            container = self._create_sized(options, allowance)
         except APIError as exc:
             # 409: a concurrent create for the same lease won the name; that is our container.
             found = self.find(spec.lease_id) if exc.status_code == 409 else None
@@ -260,6 +333,37 @@ class ContainerRuntime:
         gpus = ",".join(map(str, gpu_indices)) or "-"
         log.info("created %s for lease %s, GPUs %s", container.short_id, spec.lease_id, gpus)
         return str(container.id)
+
+    def _create_sized(self, options: dict[str, Any], allowance: int) -> Container:
+        """Create with the writable layer limited to the allowance where the storage driver
+        can (overlay2 on xfs with pquota); elsewhere the disk guard alone bounds it."""
+        if self.storage_quota is not False:
+            try:
+                container = self.client.containers.create(
+                    **options, network=self._network(), storage_opt={"size": str(allowance)}
+                )
+            except APIError as exc:
+                if "storage-opt" not in str(exc.explanation or exc).lower():
+                    raise
+                log.info("Docker's storage driver takes no size limit here: %s", exc.explanation)
+                self.storage_quota = False
+            else:
+                self.storage_quota = True
+                return container
+        return self.client.containers.create(**options, network=self._network())
+
+    @_engine_errors
+    def stop_for_disk(self, container_id: str) -> None:
+        """Kill a container the disk guard stopped: its exit is reported by the guard, with
+        the reason, not as an ordinary exit."""
+        self._exits.ignore(container_id)
+        try:
+            self.client.api.kill(container_id)
+        except NotFound:
+            pass
+        except APIError as exc:
+            if exc.status_code != 409:  # 409: not running any more
+                raise
 
     @_engine_errors
     def start(self, container_id: str) -> dict[int, int]:
@@ -331,7 +435,12 @@ class ContainerRuntime:
                     self._remove_container(spec.lease_id, container_id)
             raise
         log.info("lease %s running in %s, ports %s", spec.lease_id, container_id[:12], ports)
-        return RunResult(container_id=container_id, ports=ports)
+        labels = self.client.containers.get(container_id).labels or {}
+        return RunResult(
+            container_id=container_id,
+            ports=ports,
+            image_digest=str(labels.get(LABEL_IMAGE_DIGEST, "")),
+        )
 
     @_engine_errors
     def find(self, lease_id: str) -> Container | None:
@@ -462,7 +571,8 @@ class ContainerRuntime:
                 Ulimit(name="nofile", soft=nofile, hard=nofile),
                 Ulimit(name="core", soft=0, hard=0),
             ],
-            "cap_drop": list(DROPPED_CAPS),
+            "cap_drop": ["ALL"],
+            "cap_add": list(RENTAL_CAPS),
             "log_config": container_log_config(self.log_max_bytes),
             "restart_policy": {"Name": "no"},
             "detach": True,
@@ -669,11 +779,41 @@ def _pull_error(ref: str, detail: str) -> ContainerError:
     lowered = detail.lower()
     denied = ("not found", "manifest unknown", "pull access denied", "unauthorized", "denied")
     if any(marker in lowered for marker in denied):
-        return ContainerError(f"image {ref} not found in its registry or access denied")
+        return ContainerError(not_found_message(ref))
     unreachable = ("dial tcp", "no such host", "timeout", "connection refused", "tls", "eof")
     if any(marker in lowered for marker in unreachable):
         return ContainerError(f"the registry of image {ref} is unreachable from this host")
     return ContainerError(f"pulling image {ref} failed on this host")
+
+
+def not_found_message(ref: str) -> str:
+    """What a renter reads for an image missing from its registry, whether or not a copy of
+    it is on this host."""
+    return f"image {ref} not found in its registry or access denied"
+
+
+def registry_digest(ref: str, attrs: dict[str, Any]) -> str | None:
+    """``<repository>@sha256:...`` of ``ref``'s repository from an image's ``RepoDigests``
+    (None: not pulled from that repository's registry)."""
+    repository = _repository(ref)
+    for entry in attrs.get("RepoDigests") or []:
+        name, _, digest = str(entry).partition("@")
+        if digest.startswith("sha256:") and _repository(name) == repository:
+            return f"{name}@{digest}"
+    return None
+
+
+def _repository(ref: str) -> str:
+    """The repository of a reference, as Docker normalises it: no tag or digest, Docker Hub's
+    implicit ``docker.io/`` and ``library/`` made explicit."""
+    name = ref.partition("@")[0]
+    last_slash = name.rfind("/")
+    colon = name.rfind(":")
+    if colon > last_slash:
+        name = name[:colon]
+    if image_policy.registry_of(name) is None:
+        name = "docker.io/" + (name if "/" in name else "library/" + name)
+    return name
 
 
 def cache_volume_name(name: str) -> str:

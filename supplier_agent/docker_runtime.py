@@ -18,7 +18,14 @@ from supplier_agent.claims import ClaimManager, ClaimRefused
 from supplier_agent.compat_docker import open_log_stream
 from supplier_agent.config import AgentConfig
 from supplier_agent.container_events import close_stream
-from supplier_agent.containers import ContainerError, ContainerRuntime, cache_volume_name
+from supplier_agent.containers import (
+    LABEL_CLAIM,
+    LABEL_LEASE,
+    ContainerError,
+    ContainerRuntime,
+    cache_volume_name,
+)
+from supplier_agent.disk_guard import DiskGuard, Send
 from supplier_agent.docker_exec import DockerExec, open_exec
 from supplier_agent.egress import EgressPolicy
 from supplier_agent.gpu import Nvml
@@ -63,6 +70,8 @@ class DockerRuntime:
             egress=EgressPolicy(config.allow_networks),
             toolkit_risk_accepted=config.accept_container_escape_risk,
             log_max_bytes=int(config.container_log_mib * 1024 * 1024),
+            allow_local_images=config.allow_local_images,
+            default_disk_allowance=int(config.disk_allowance_gib * 1024**3),
         )
         self.janitor = VolumeJanitor(
             self.containers.client,
@@ -72,6 +81,21 @@ class DockerRuntime:
         )
         # Leases this runtime holds; exit reports for anyone else's containers are ignored.
         self._leases: set[str] = set()
+        self.disk = DiskGuard(
+            self.containers.client,
+            self._docker_root(),
+            claim_label=LABEL_CLAIM,
+            lease_label=LABEL_LEASE,
+            agent_id=agent_id,
+            floor_bytes=int(config.disk_floor_gib * 1024**3),
+            stop_container=self.containers.stop_for_disk,
+        )
+
+    def _docker_root(self) -> str:
+        try:
+            return str(self.containers.client.info().get("DockerRootDir") or "/var/lib/docker")
+        except Exception:  # the engine answers later, or never: the usual place
+            return "/var/lib/docker"
 
     async def gpus(self) -> list[GpuState]:
         return await asyncio.to_thread(self._list_gpus)
@@ -140,6 +164,9 @@ class DockerRuntime:
     async def start(
         self, command: DockerRun, claim: Claim, *, output: LogSink | None = None
     ) -> RunOutcome:
+        refusal = await asyncio.to_thread(self.disk.refusal)
+        if refusal is not None:
+            raise CommandFailed(refusal)
         uuids = [self.nvml.uuid_for_index(i) for i in claim.gpu_indices]
         if command.volumes:
             refusal = await asyncio.to_thread(self.janitor.refusal, command.volumes)
@@ -166,6 +193,7 @@ class DockerRuntime:
         return RunOutcome(
             container_id=result.container_id,
             ports={str(inner): outer for inner, outer in result.ports.items()},
+            extra={"image_digest": result.image_digest} if result.image_digest else {},
         )
 
     def _release(self, lease_id: str) -> list[str]:
@@ -234,6 +262,9 @@ class DockerRuntime:
 
         self.containers.watch_exits(on_exit, stop)
 
+    def watch_disk(self, send: Send, stop: threading.Event) -> None:
+        self.disk.watch(send, stop)
+
     def _log_stream(self, container_id: str, tail: int) -> CancellableStream:
         # A stream another thread can close (see supplier_agent.compat_docker).
         api = self.containers.client.api
@@ -295,8 +326,9 @@ class DockerRuntime:
     async def prepull(self, images: Iterable[str]) -> None:
         for image in images:
             try:
-                if not await asyncio.to_thread(self.containers.image_present, image):
-                    await asyncio.to_thread(self.containers.pull, image)
+                # Pulled even when a copy is here: that copy may be the supplier's own build,
+                # and only the registry's is what a rental of the name gets (obtain_image).
+                await asyncio.to_thread(self.containers.pull, image)
             except ContainerError as exc:
                 log.warning("pre-pull of %s failed: %s", image, exc)
 

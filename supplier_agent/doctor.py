@@ -2,7 +2,10 @@
 
 Rows: host, Docker, NVIDIA driver, container toolkit (warn below 1.17.8, CVE-2025-23266), GPU,
 CUDA (the driver API version NVML reports), NCCL (whether the host has libnccl), the OpenSSH
-client that renters' tunnels need, and Docker's disk (warn below the disk floor).
+client that renters' tunnels need, Docker's disk (warn below the disk floor), whether Docker
+can cap rentals' writable layers (else the disk guard alone bounds them), the rentals' packet
+filter, whether Docker remaps user namespaces (warn when not), and which images renters
+may run (warn with ``allow_local_images``).
 The GPU row is ``n/a`` on a CPU-only box (not a failure), ``ok`` when NVML works and (if the
 probe image is already local) a ``--gpus all`` container sees the GPU, ``fail`` when the host
 has a GPU that containers cannot get. The probe never pulls an image.
@@ -246,6 +249,86 @@ def _egress_row(client: object | None, state: str | None) -> Row:
     )
 
 
+def _mount_options(path: str, mounts: str = "/proc/self/mounts") -> str:
+    """The options of the filesystem mounted at or above ``path`` (the longest match)."""
+    best, options = "", ""
+    try:
+        lines = Path(mounts).read_text().splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        point = fields[1]
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, options = point, fields[3]
+    return options
+
+
+def _disk_limit_row(client: object | None) -> Row:
+    """Whether Docker can cap a container's writable layer (``--storage-opt size=``)."""
+    from supplier_agent.disk_guard import INTERVAL_S, MARGIN_BYTES
+
+    if client is None:
+        return Row("disk limits", "fail", "Docker is unreachable: its storage cannot be checked")
+    info = client.info()  # type: ignore[attr-defined]
+    driver = str(info.get("Driver") or "?")
+    backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem", "?")
+    root = str(info.get("DockerRootDir") or "/var/lib/docker")
+    guard = (
+        f"the agent measures each rental's disk use every {INTERVAL_S:.0f} s (sooner while the "
+        f"disk falls) and stops it within {MARGIN_BYTES // 1024**3} GiB past its allowance"
+    )
+    options = _mount_options(root).split(",")
+    if driver == "overlay2" and backing == "xfs" and {"pquota", "prjquota"} & set(options):
+        return Row("disk limits", "ok", f"overlay2 on xfs with project quotas: writable layers "
+                   f"are capped at the allowance by Docker; {guard}")  # fmt: skip
+    return Row(
+        "disk limits",
+        "ok",
+        f"{driver} on {backing}: Docker cannot cap writable layers here, so {guard} (for a hard "
+        "cap, put Docker's data on xfs mounted with pquota)",
+    )
+
+
+def _userns_row(client: object | None) -> Row:
+    """Whether Docker maps a container's root to an unprivileged user of this host."""
+    if client is None:
+        return Row("userns", "fail", "Docker is unreachable: its user namespaces cannot be checked")
+    options = client.info().get("SecurityOptions") or []  # type: ignore[attr-defined]
+    if any(str(option).startswith("name=userns") for option in options):
+        return Row("userns", "ok", "Docker remaps containers' root to an unprivileged host user")
+    # A warning, not a failure: rentals already run without most capabilities, with
+    # no-new-privileges and the egress filter; remapping is the next wall behind them.
+    return Row(
+        "userns",
+        "warn",
+        "Docker does not remap user namespaces: a rental's root would be this host's root if "
+        'it escaped its container; set "userns-remap": "default" in /etc/docker/daemon.json and '
+        "restart Docker (images and volumes made before are not seen by remapped containers)",
+    )
+
+
+def _images_row(state: str | None) -> Row:
+    """Which images renters may run here (containers.obtain_image)."""
+    from supplier_agent.config import ConfigError, load
+
+    try:
+        local = load({"state": state}).allow_local_images
+    except ConfigError:
+        local = False
+    if local:
+        return Row(
+            "images",
+            "warn",
+            "allow_local_images is on: renters may run any image on this host, your own "
+            "private ones included, without a pull",
+        )
+    return Row("images", "ok", "rentals pull their image anonymously from public registries")
+
+
 def _connectivity_row(state: str | None) -> tuple[Row, int]:
     """The hub row and ``smoke``'s exit code for the same handshake."""
     from supplier_agent.config import ConfigError, load
@@ -284,6 +367,9 @@ def run_doctor(state: str | None, *, connectivity: bool) -> int:
     rows.append(_ssh_row())
     rows.append(_docker_disk_row(client, state))
     rows.append(_egress_row(client, state))
+    rows.append(_disk_limit_row(client))
+    rows.append(_userns_row(client))
+    rows.append(_images_row(state))
     if Path("/var/lock").is_dir() and not os.access("/var/lock", os.W_OK):
         rows.append(Row("locks", "warn", "/var/lock is not writable: run the agent as root"))
     code = 0

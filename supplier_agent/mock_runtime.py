@@ -24,6 +24,7 @@ from supplier_agent.protocol import (
 )
 from supplier_agent.runtime import (
     CommandFailed,
+    DiskSend,
     ExitReport,
     HostFacts,
     ReserveOutcome,
@@ -105,6 +106,9 @@ class MockRuntime:
 
     def watch_exits(self, report: ExitReport, stop: threading.Event) -> None:
         stop.wait()  # mock containers never exit on their own
+
+    def watch_disk(self, send: DiskSend, stop: threading.Event) -> None:
+        stop.wait()  # mock containers write nothing
 
     def open_exec(self, message: ExecOpen) -> ExecProcess:
         # No container, so no terminal; a simulated shell would be a fake a renter could mistake

@@ -27,6 +27,7 @@ from typing import Annotated, Any, ClassVar, Literal, cast
 import msgspec
 
 from supplier_agent.image_policy import registry_refusal
+from supplier_agent.mount_paths import MAX_MOUNT_PATH_BYTES, mount_path_refusal
 
 VERSION = 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -66,6 +67,12 @@ _CACHE_WIRE_NAME = re.compile(r"^renter-[0-9a-f]{40}$")
 _RENTER_VOLUME_NAME = re.compile(r"^vol-[0-9a-f]{40}$")
 MAX_RENTER_VOLUMES = 4
 MAX_VOLUME_SIZE_BYTES = 2**62
+# What one lease may write on the host: its writable layer, cache and volumes (disk_guard.py).
+MAX_DISK_ALLOWANCE_BYTES = 2**62
+# Why the agent itself stopped a lease's container (ContainerExited.stop_cause): over its disk
+# allowance, or the biggest writer when the host's free disk fell to the supplier's floor.
+STOP_CAUSES = frozenset({"disk_allowance", "disk_floor"})
+MAX_NOTICE_CHARS = 500
 # Per list of a volume_report; a frame still holds only what fits 64 KiB (the agent splits).
 MAX_VOLUME_ENTRIES = 4096
 VOLUME_REMOVAL_REASONS = frozenset({"idle", "disk_low", "deleted"})
@@ -518,13 +525,39 @@ class ContainerExited(Message):
     log_tail: str = ""
     # The kernel killed it for going over its memory limit (Docker's State.OOMKilled).
     oom_killed: bool = False
+    # The agent stopped it to keep the host safe: a word from STOP_CAUSES, and the sentence
+    # the renter reads. Left out of the frame when empty, for hubs from before them.
+    stop_cause: str = ""
+    stop_reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        body = super().to_dict()
+        if not self.stop_cause:
+            del body["stop_cause"], body["stop_reason"]
+        return body
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ContainerExited:
-        _known(data, {"lease_id", "exit_code", "log_tail", "oom_killed"}, "container_exited")
+        _known(
+            data,
+            {"lease_id", "exit_code", "log_tail", "oom_killed", "stop_cause", "stop_reason"},
+            "container_exited",
+        )
         oom_killed = data.get("oom_killed", False)
         _expect(oom_killed, bool, "container_exited.oom_killed")
+        cause = _str(
+            data.get("stop_cause", ""), "container_exited.stop_cause", max_len=32, allow_empty=True
+        )
+        if cause and cause not in STOP_CAUSES:
+            raise ProtocolError(f"container_exited.stop_cause {cause!r} is not one of ours")
         return cls(
+            stop_cause=cause,
+            stop_reason=_str(
+                data.get("stop_reason", ""),
+                "container_exited.stop_reason",
+                max_len=MAX_NOTICE_CHARS,
+                allow_empty=True,
+            ),
             oom_killed=oom_killed,
             lease_id=_uuid(data.get("lease_id"), "container_exited.lease_id"),
             exit_code=_int(data.get("exit_code"), "container_exited.exit_code", lo=-1, hi=65535),
@@ -534,6 +567,24 @@ class ContainerExited(Message):
                 max_len=16384,
                 allow_empty=True,
             ),
+        )
+
+
+@dataclass(frozen=True)
+class LeaseNotice(Message):
+    """Something the renter of a running lease should read now (its disk nearly used up):
+    the hub adds it to the lease's warnings."""
+
+    TYPE: ClassVar[str] = "lease_notice"
+    lease_id: str
+    text: str
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LeaseNotice:
+        _known(data, {"lease_id", "text"}, "lease_notice")
+        return cls(
+            lease_id=_uuid(data.get("lease_id"), "lease_notice.lease_id"),
+            text=_str(data.get("text"), "lease_notice.text", max_len=MAX_NOTICE_CHARS),
         )
 
 
@@ -758,9 +809,10 @@ class CacheVolume:
 
 
 def _mount_path(value: Any, where: str) -> str:
-    path = _str(value, where, max_len=1024)
-    if not path.startswith("/") or path == "/" or ".." in path.split("/"):
-        raise ProtocolError(f"{where} must be an absolute folder inside the container")
+    path = _str(value, where, max_len=MAX_MOUNT_PATH_BYTES)
+    refusal = mount_path_refusal(path)
+    if refusal is not None:
+        raise ProtocolError(f"{where} {refusal}")
     return path
 
 
@@ -914,6 +966,9 @@ class DockerRun(Command):
     # The renter's own volumes (issue 13); left out of the frame when empty, so that agents
     # from before them still take the commands of a newer hub.
     volumes: tuple[RenterVolume, ...] = ()
+    # What the lease may write on the host in all (writable layer, cache, volumes): the
+    # agent stops it past this (disk_guard.py). None: the agent's own default.
+    disk_allowance_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         body = super().to_dict()
@@ -956,6 +1011,11 @@ class DockerRun(Command):
             ),
             tunnel=_tunnel_for(data.get("tunnel"), parsed_ports),
             volumes=validate_volumes(data.get("volumes", []), cache_volume),
+            disk_allowance_bytes=_optional(
+                data.get("disk_allowance_bytes"),
+                lambda v, w: _int(v, w, lo=1, hi=MAX_DISK_ALLOWANCE_BYTES),
+                "docker_run.disk_allowance_bytes",
+            ),
         )
 
 
@@ -1303,6 +1363,7 @@ AGENT_TO_HUB = frozenset(
         "heartbeat",
         "ack",
         "container_exited",
+        "lease_notice",
         "tunnel_state",
         "log_chunk",
         "pong",

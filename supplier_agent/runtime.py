@@ -15,6 +15,8 @@ from supplier_agent.terminals import ExecProcess
 # (lease_id, exit_code, log_tail) for a container that stopped on its own.
 # (lease id, exit code, last log lines, OOM-killed)
 ExitReport = Callable[[str, int, str, bool], None]
+# (lease id, stop cause or "" for a notice, the sentence the renter reads): disk_guard.Send.
+DiskSend = Callable[[str, str, str], None]
 
 
 class CommandFailed(Exception):
@@ -82,6 +84,11 @@ class Runtime(Protocol):
 
     def watch_exits(self, report: ExitReport, stop: threading.Event) -> None:
         """Blocking (runs in a thread): report containers that exit on their own."""
+        ...
+
+    def watch_disk(self, send: DiskSend, stop: threading.Event) -> None:
+        """Blocking (runs in a thread): measure what rentals write, warn their renters and
+        stop those over their allowance or filling the host (disk_guard.py)."""
         ...
 
     async def prepull(self, images: Iterable[str]) -> None: ...

@@ -25,6 +25,8 @@ class ApiScope(models.TextChoices):
     TOKENS = "tokens", "tokens: list, create and revoke API tokens"
     # Opt-in like ``tokens``: it asks for money to leave the marketplace.
     PAYOUTS = "payouts", "payouts: request and cancel payouts of your earnings"
+    # Opt-in too: a leaked renter's token must not reprice or relist a supplier's GPUs.
+    HOSTS = "hosts", "hosts: price and list your GPUs, and set their disk allowance"
 
 
 # What a new token gets unless asked otherwise: enough to rent from a script, not enough to mint

@@ -45,6 +45,7 @@ from supplier_agent.protocol import (
     ExecOutput,
     GpuHealthReport,
     Heartbeat,
+    LeaseNotice,
     LogChunk,
     Message,
     Ping,
@@ -349,6 +350,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         elif isinstance(message, ContainerExited):
             with logjson.bound(lease_id=message.lease_id):
                 await in_db_thread(lease_services.record_container_exit)(self.host_id, message)
+        elif isinstance(message, LeaseNotice):
+            with logjson.bound(lease_id=message.lease_id):
+                await in_db_thread(lease_services.record_notice)(self.host_id, message)
         elif isinstance(message, TunnelState):
             await in_db_thread(tunnel_services.record_state)(self.host_id, message)
         elif isinstance(message, VolumeReport):

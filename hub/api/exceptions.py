@@ -16,6 +16,7 @@ from hub.accounts.ssh_keys import SshKeyError
 from hub.billing.money import format_rate
 from hub.billing.services import BillingError
 from hub.leases.services import LeaseError, PriceChanged
+from hub.suppliers.services import SupplierError
 from hub.volumes.services import VolumeError
 
 
@@ -50,8 +51,8 @@ def handle(exc: Exception, context: dict[str, Any]) -> Response | None:
             },
             status=status.HTTP_409_CONFLICT,
         )
-    if isinstance(exc, LeaseError | VolumeError | SshKeyError | BillingError):
-        # The lease services' refusals are written for the renter already.
+    if isinstance(exc, LeaseError | VolumeError | SshKeyError | BillingError | SupplierError):
+        # The services' refusals are written for the renter (or supplier) already.
         return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
     response = exception_handler(exc, context)
     if response is not None and isinstance(exc, exceptions.ValidationError):

@@ -15,6 +15,7 @@ from hub.billing.models import LedgerEntry
 from hub.billing.money import format_micros
 from hub.catalog.offers import SORTS
 from hub.leases.models import Lease
+from hub.lib import disk_allowance
 from hub.lib.gpu_select import InvalidGpuSelection, parse_gpu_selection
 from hub.tunnels import renter_ssh
 from hub.tunnels import services as tunnels
@@ -36,6 +37,24 @@ class FormattedMoneyField(serializers.Field):
 
 
 extend_schema_field({"type": "string", "example": "$1.500000"})(FormattedMoneyField)
+
+
+class DiskWordsField(serializers.Field):
+    """A size in bytes in words (``50 GiB``), read-only; empty for null."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs["read_only"] = True
+        super().__init__(**kwargs)
+
+    def get_attribute(self, instance: Any) -> Any:
+        # Null bytes are words too (empty): DRF would skip to_representation for None.
+        return super().get_attribute(instance) or 0
+
+    def to_representation(self, value: int) -> str:
+        return disk_allowance.words(value) if value else ""
+
+
+extend_schema_field({"type": "string", "example": "50 GiB"})(DiskWordsField)
 
 
 class ErrorSerializer(serializers.Serializer):
@@ -165,6 +184,14 @@ class OfferSerializer(serializers.Serializer):
     rtt_ms = serializers.IntegerField(
         allow_null=True, help_text="Round trip between hub and agent, as the hub measured it."
     )
+    disk_allowance_bytes = serializers.IntegerField(
+        help_text="What a rental of this GPU may write on the host (container, cache and volumes"
+        " together; a rental of several GPUs gets their sum): the host stops it past that."
+        " `disk_free_bytes` is the host's free disk now, shared by all its rentals."
+    )
+    disk_allowance = DiskWordsField(
+        source="disk_allowance_bytes", help_text="The same in words, e.g. `50 GiB`."
+    )
 
 
 class TemplateSerializer(serializers.Serializer):
@@ -189,7 +216,9 @@ class TemplateSerializer(serializers.Serializer):
 class VolumeMountSerializer(serializers.Serializer):
     volume_id = serializers.UUIDField(help_text="One of your volumes on the same host.")
     path = serializers.CharField(
-        max_length=1024, help_text="An absolute folder in the container, e.g. `/data`."
+        max_length=1024,
+        help_text="An absolute folder in the container in normal form, outside the system"
+        " folders (/proc, /sys, /dev, /etc, /usr, ...), e.g. `/data`.",
     )
 
 
@@ -395,6 +424,11 @@ class LeaseSerializer(serializers.Serializer):
     )
     gpus = LeaseGpuSerializer(source="lease_gpus.all", many=True)
     image = serializers.CharField()
+    image_digest = serializers.CharField(
+        help_text="What the container runs, pinned: 'repository@sha256:…' as pulled from its"
+        " registry for this lease, or 'sha256:…' of an image the supplier rents out from their"
+        " own host; empty until it runs."
+    )
     ports = serializers.ListField(child=serializers.IntegerField())
     command = serializers.ListField(child=serializers.CharField(), allow_null=True)
     warmup = serializers.ListField(child=serializers.CharField(), allow_null=True)
@@ -412,6 +446,13 @@ class LeaseSerializer(serializers.Serializer):
     gpu_fault_reason = serializers.CharField(help_text="Which GPU failed and how; or empty.")
     price_per_hour_micros = serializers.IntegerField()
     price_per_hour = FormattedMoneyField(source="price_per_hour_micros", cents=True)
+    disk_allowance_bytes = serializers.IntegerField(
+        allow_null=True,
+        help_text="What it may write on the host (container, cache and volumes together), its"
+        " GPUs' allowances when it started: the host stops it past that, with `end_reason`"
+        " `disk`. Null for leases from before allowances (the host's own default applies).",
+    )
+    disk_allowance = DiskWordsField(source="disk_allowance_bytes")
     cost_micros = serializers.IntegerField(help_text="Charged so far (the ledger's rows).")
     cost = FormattedMoneyField(source="cost_micros")
     created_at = serializers.DateTimeField()
@@ -476,6 +517,48 @@ class AccountSerializer(serializers.Serializer):
     balance_micros = serializers.IntegerField()
     balance = FormattedMoneyField(source="balance_micros")
     ledger = LedgerRowSerializer(many=True, help_text="The most recent rows, newest first.")
+
+
+# --- a supplier's GPUs ---------------------------------------------------------------------------
+
+
+class GpuTermsSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    host_id = serializers.IntegerField()
+    host_label = serializers.CharField(
+        source="host.label", help_text="The host as pages name it: its name and short id."
+    )
+    index = serializers.IntegerField()
+    model = serializers.CharField(source="name")
+    priced = serializers.BooleanField(help_text="False until you set a price.")
+    price_per_hour_micros = serializers.IntegerField()
+    price_per_hour = FormattedMoneyField(source="price_per_hour_micros", cents=True)
+    listed = serializers.BooleanField(help_text="For rent (once priced).")
+    disk_allowance_bytes = serializers.IntegerField(
+        help_text="What a rental of this GPU may write on the host (container, cache and volumes"
+        " together); the host stops a rental past it."
+    )
+    disk_allowance = DiskWordsField(source="disk_allowance_bytes")
+
+
+class GpuTermsUpdateSerializer(serializers.Serializer):
+    price_per_hour = serializers.DecimalField(
+        required=False,
+        max_digits=12,
+        decimal_places=6,
+        min_value=0,
+        help_text="In units per hour, e.g. 1.50 (at most 1000).",
+    )
+    listed = serializers.BooleanField(required=False, help_text="For rent; needs a price.")
+    disk_allowance_gib = serializers.IntegerField(
+        required=False,
+        min_value=disk_allowance.MIN_BYTES // disk_allowance.GIB,
+        max_value=disk_allowance.MAX_GIB,
+        # The service's own words, whichever side of the bounds.
+        error_messages=dict.fromkeys(("min_value", "max_value"), disk_allowance.BOUNDS),
+        help_text=f"In GiB, from 1 to {disk_allowance.MAX_GIB} (100 TiB). Rentals running now"
+        " keep the allowance they started with.",
+    )
 
 
 # --- payouts ------------------------------------------------------------------------------------

@@ -24,6 +24,8 @@ v1 = [
     ),
     path("volumes/", views.VolumeList.as_view(), name="volumes"),
     path("volumes/<uuid:pk>/", views.VolumeDetail.as_view(), name="volume"),
+    path("gpus/", views.GpuList.as_view(), name="gpus"),
+    path("gpus/<int:pk>/", views.GpuDetail.as_view(), name="gpu"),
     path("account/", views.Account.as_view(), name="account"),
     path("payouts/", views.PayoutList.as_view(), name="payouts"),
     path("payouts/<int:pk>/cancel/", views.PayoutCancel.as_view(), name="payout-cancel"),

@@ -35,6 +35,7 @@ from hub.leases import gpu_choice
 from hub.leases import logs as lease_logs
 from hub.leases import services as leases
 from hub.leases.models import Lease
+from hub.suppliers import services as suppliers
 from hub.suppliers.models import Gpu, Host
 from hub.tunnels import access
 from hub.volumes import services as volumes
@@ -446,6 +447,62 @@ class Account(APIView):
             "ledger": LedgerEntry.objects.filter(account=request.user)[:LEDGER_ROWS],
         }
         return Response(s.AccountSerializer(body).data)
+
+
+# --- a supplier's GPUs ---------------------------------------------------------------------------
+
+
+def _own_gpus(request: Request) -> QuerySet[Gpu]:
+    return (
+        Gpu.objects.filter(host__owner=request.user)
+        .select_related("host")
+        .order_by("host_id", "index")
+    )
+
+
+class GpuList(APIView):
+    required_scopes = {"GET": ApiScope.READ}
+
+    @extend_schema(
+        summary="Your hosts' GPUs and their terms: price, listing, disk allowance",
+        responses={200: s.GpuTermsSerializer(many=True), **AUTH_ONLY},
+    )
+    def get(self, request: Request) -> Response:
+        return Response(s.GpuTermsSerializer(_own_gpus(request)[:1000], many=True).data)
+
+
+class GpuDetail(APIView):
+    # Opt-in like `payouts`: terms change what renters pay and what they may write on the host.
+    required_scopes = {"GET": ApiScope.READ, "PATCH": ApiScope.HOSTS}
+
+    @extend_schema(
+        summary="One of your GPUs and its terms",
+        responses={200: s.GpuTermsSerializer, **AUTH_ONLY, **NOT_FOUND},
+    )
+    def get(self, request: Request, pk: int) -> Response:
+        return Response(s.GpuTermsSerializer(get_object_or_404(_own_gpus(request), pk=pk)).data)
+
+    @extend_schema(
+        summary="Set your GPU's price, listing or disk allowance (what you leave out stays)",
+        description=(
+            "Rentals running now keep the price and disk allowance they started with; new"
+            " rentals get the new terms. A GPU is listed only once it has a price."
+        ),
+        request=s.GpuTermsUpdateSerializer,
+        responses={200: s.GpuTermsSerializer, **ERRORS, **NOT_FOUND},
+    )
+    def patch(self, request: Request, pk: int) -> Response:
+        gpu = get_object_or_404(_own_gpus(request), pk=pk)
+        data = _valid(s.GpuTermsUpdateSerializer, request.data)
+        price = data.get("price_per_hour")
+        gib = data.get("disk_allowance_gib")
+        suppliers.set_gpu_terms(
+            gpu.pk,
+            price_per_hour_micros=None if price is None else micros_from_units(price),
+            listed=data.get("listed"),
+            disk_allowance_bytes=None if gib is None else gib * GIB,
+        )
+        return Response(s.GpuTermsSerializer(_own_gpus(request).get(pk=gpu.pk)).data)
 
 
 # --- payouts ------------------------------------------------------------------------------------

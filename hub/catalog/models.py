@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
+from django.core.exceptions import ValidationError
 from django.db import models
+
+from supplier_agent.mount_paths import mount_path_refusal
 
 
 class Template(models.Model):
@@ -36,3 +41,26 @@ class Template(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean_fields(self, exclude: Collection[str] | None = None) -> None:
+        # The agent refuses a rental whose cache path breaks the mount rule: say so to the
+        # admin who sets it (the admin form shows it on the field), not to each renter later.
+        # Here rather than in clean(): a form without the field (the list's editable columns)
+        # must not fail on it; and rather than a field validator, which would need a migration.
+        errors: dict[str, list[str]] = {}
+        try:
+            super().clean_fields(exclude=exclude)
+        except ValidationError as exc:
+            errors = exc.message_dict
+        if "cache_volume_path" not in (exclude or ()) and "cache_volume_path" not in errors:
+            refusal = self.cache_path_refusal()
+            if refusal is not None:
+                errors["cache_volume_path"] = [f"the cache path {refusal}"]
+        if errors:
+            raise ValidationError(errors)
+
+    def cache_path_refusal(self) -> str | None:
+        """Why this template's cache path may not be mounted, or None (also when it has none)."""
+        if not self.cache_volume_path:
+            return None
+        return mount_path_refusal(self.cache_volume_path)

@@ -44,6 +44,9 @@ class Offer:
     driver_version: str = ""
     cuda_version: str = ""
     rtt_ms: int | None = None
+    # What a rental of this GPU may write on the host (the supplier's term), apart from how
+    # much the host has free now (disk_free_bytes, shared by all its rentals).
+    disk_allowance_bytes: int = 0
 
     @property
     def host_label(self) -> str:
@@ -195,6 +198,7 @@ def list_offers(
             driver_version=g.host.driver_version,
             cuda_version=g.host.cuda_version,
             rtt_ms=g.host.rtt_ms,
+            disk_allowance_bytes=g.disk_allowance_bytes,
         )
         for g in gpus
     ]

@@ -54,6 +54,12 @@ def lease_spec(
     ):
         raise LeaseError("the warm-up must be a list of strings")
     cache_volume = None
+    if template is not None and template.cache_path_refusal() is not None:
+        # Saved before the mount rule, or past the admin form: the host would refuse it.
+        raise LeaseError(
+            f"template {template.slug!r} has a cache folder no host accepts "
+            f"({template.cache_volume_path[:80]!r}); choose another template"
+        )
     if template is not None and template.cache_volume_path:
         cache_volume = {"name": f"template-{template.slug}", "path": template.cache_volume_path}
     return LeaseSpec(

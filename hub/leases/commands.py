@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from hub.billing import services as billing
 from hub.leases.models import Lease
+from hub.lib.versions import is_older
 from hub.tunnels import services as tunnels
 from supplier_agent.protocol import (
     HUB_TO_AGENT,
@@ -83,7 +84,21 @@ def docker_run(lease: Lease, paid_until: str | None) -> DockerRun:
             RenterVolume(name=v["name"], path=v["path"], size_bytes=v.get("size_bytes"))
             for v in lease.volumes or ()
         ),
+        disk_allowance_bytes=_disk_allowance(lease),
     )
+
+
+# The first agent that enforces a disk allowance (disk_guard.py). Older agents refuse unknown
+# fields, even as null: they get runs without it (and bound nothing) until upgraded.
+DISK_ALLOWANCE_SINCE = "0.2.0"
+
+
+def _disk_allowance(lease: Lease) -> int | None:
+    if lease.disk_allowance_bytes is None:
+        return None
+    if is_older(lease.host.agent_version or "0", DISK_ALLOWANCE_SINCE):
+        return None
+    return lease.disk_allowance_bytes
 
 
 def _optional_tuple(value: list[str] | None) -> tuple[str, ...] | None:

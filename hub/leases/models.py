@@ -30,6 +30,9 @@ class Lease(models.Model):
         ERROR = "error"
         EXITED = "exited"
         OUT_OF_MEMORY = "out_of_memory"
+        # The agent stopped it for its disk use: over its allowance, or the biggest writer
+        # when the host's free disk reached its supplier's floor.
+        DISK = "disk", "Disk Allowance"
 
     ACTIVE_STATES = (
         State.PENDING,
@@ -66,6 +69,10 @@ class Lease(models.Model):
     # The renter's choice: its tunnel URLs need the lease's access token (hub/tunnels/access.py).
     access_protected = models.BooleanField(default=False)
     container_id = models.CharField(max_length=128, blank=True)
+    # What the container runs, pinned (the agent's ack): "<repository>@sha256:…" as pulled from
+    # its registry for this lease, or "sha256:<id>" of an image the supplier rents out from
+    # their own host (allow_local_images). Empty before running, and from older agents.
+    image_digest = models.CharField(max_length=300, blank=True)
     host_ports = models.JSONField(default=dict, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     log_tail = models.TextField(blank=True)
@@ -85,6 +92,9 @@ class Lease(models.Model):
     # Money (hub/billing): the terms are fixed when the lease starts, so a supplier changing a
     # price or an admin changing the fee never changes a running lease.
     price_per_hour_micros = models.BigIntegerField(default=0)
+    # Likewise what it may write on the host: its GPUs' allowances summed at the start (null:
+    # leased before allowances existed; the agent applies its own default).
+    disk_allowance_bytes = models.BigIntegerField(null=True, blank=True)
     platform_fee_bps = models.PositiveIntegerField(default=0)
     # Metering cursor: the total charged so far, and the instant that total runs up to. The
     # ledger is the truth for balances; this only says how much of the lease is already billed.

@@ -8,6 +8,7 @@ sent by a Celery task queued on commit; agents de-duplicate by command id.
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -29,7 +30,8 @@ from hub.lib import metrics
 from hub.suppliers.models import Gpu, Host
 from hub.tunnels import services as tunnels
 from hub.volumes.services import VolumeError, note_mounted
-from supplier_agent.protocol import Ack, ClaimState, ContainerExited
+from supplier_agent.host_paths import redact_host_paths
+from supplier_agent.protocol import Ack, ClaimState, ContainerExited, LeaseNotice
 from supplier_agent.protocol import Command as CommandMessage
 
 log = logging.getLogger(__name__)
@@ -188,6 +190,8 @@ def start_lease(
                 warmup=spec.warmup,
                 access_protected=spec.access_protected,
                 price_per_hour_micros=price_per_hour_micros,
+                # Fixed now too: a supplier's later change reaches only new rentals.
+                disk_allowance_bytes=sum(gpu.disk_allowance_bytes for gpu in gpus),
                 platform_fee_bps=settings.PLATFORM_FEE_BPS,
                 stop_at=timezone.now() + spec.stop_after if spec.stop_after else None,
             )
@@ -296,8 +300,11 @@ def _fail_and_release(lease: Lease, failure: str) -> None:
 
 
 def renter_reason(error: str | None) -> str:
-    """Agent errors in words a renter understands."""
-    text = error or "the host reported an unknown error"
+    """Agent errors in words a renter understands, without the host's paths: agents from before
+    ``host_paths`` sent Docker's text whole (the command row keeps it for the platform)."""
+    text = redact_host_paths(error or "the host reported an unknown error")
+    if error and text != error:
+        log.warning("host paths left out of a failure reason; the agent said: %s", error)
     lowered = text.lower()
     if "not found" in lowered and "image" in lowered:
         return f"The image could not be found: {text}"
@@ -343,11 +350,39 @@ def _observe_ack(command: Command, lease: Lease, now: datetime) -> None:
         metrics.RENT_TO_RUNNING_SECONDS.observe(max((now - lease.created_at).total_seconds(), 0.0))
 
 
+# How many warnings a lease keeps, and how long each: the lease page shows them all.
+MAX_WARNINGS = 10
+MAX_WARNING_CHARS = 500
+
+
 def _strings(value: Any) -> list[str]:
     """An ack's warnings as the lease keeps them: strings, at most 10, each at most 500."""
     if not isinstance(value, list):
         return []
-    return [str(item)[:500] for item in value if isinstance(item, str)][:10]
+    # Docker's words can reach a warning too (a release that failed): no host paths in them.
+    return [
+        redact_host_paths(item)[:MAX_WARNING_CHARS] for item in value if isinstance(item, str)
+    ][:MAX_WARNINGS]
+
+
+def _with_warning(warnings: list[str], text: str) -> list[str]:
+    """``warnings`` with ``text`` added once (agents repeat themselves: a container_exited comes
+    with every heartbeat until the release), the newest MAX_WARNINGS kept."""
+    text = redact_host_paths(text)[:MAX_WARNING_CHARS]  # an agent's words: no host paths
+    if not text or text in warnings:
+        return warnings
+    return [*warnings, text][-MAX_WARNINGS:]
+
+
+_DIGEST = re.compile(r"(?:[^\s@]{1,200}@)?sha256:[0-9a-f]{64}")
+
+
+def _image_digest(value: Any) -> str:
+    """An ack's ``image_digest`` as the lease keeps it: ``name@sha256:<64 hex>`` or
+    ``sha256:<64 hex>``, printable, else empty (an agent's word, so checked)."""
+    if not isinstance(value, str) or len(value) > 300 or not value.isprintable():
+        return ""
+    return value if _DIGEST.fullmatch(value) else ""
 
 
 def _advance(lease: Lease, command: Command, ack: Ack, now: datetime) -> None:
@@ -375,6 +410,7 @@ def _advance(lease: Lease, command: Command, ack: Ack, now: datetime) -> None:
             _fail_and_release(lease, renter_reason(ack.error))
             return
         lease.container_id = str(ack.result.get("container_id", ""))[:128]
+        lease.image_digest = _image_digest(ack.result.get("image_digest"))
         lease.host_ports = dict(ack.result.get("ports", {}))
         lease.state = State.RUNNING
         lease.running_since = now
@@ -384,7 +420,10 @@ def _advance(lease: Lease, command: Command, ack: Ack, now: datetime) -> None:
             lease.warnings = [*lease.warnings, warning]
         tunnels.apply_ack_states(lease, ack.result.get("tunnel_states"), now)
         lease.save(
-            update_fields=["container_id", "host_ports", "state", "running_since", "warnings"]
+            update_fields=[
+                *("container_id", "image_digest", "host_ports", "state", "running_since"),
+                "warnings",
+            ]
         )
     elif kind == Command.Kind.RELEASE:
         if not ack.ok and lease.lease_gpus.filter(active=True).exists():
@@ -401,8 +440,18 @@ def _advance(lease: Lease, command: Command, ack: Ack, now: datetime) -> None:
         _finish(lease, final, now)
 
 
+# What the renter reads when an agent stopped their container without saying why in words.
+_STOP_CAUSE_WORDS = {
+    "disk_allowance": "The host stopped this rental: it wrote more than its disk allowance.",
+    "disk_floor": (
+        "The host stopped this rental: the host's disk ran low and this rental wrote the most."
+    ),
+}
+
+
 def record_container_exit(host_id: int, message: ContainerExited) -> None:
-    """The lease's container stopped by itself: end the lease (and its billing)."""
+    """The lease's container stopped by itself, or its agent stopped it for its disk use
+    (``stop_cause``): end the lease (and its billing), saying why on its page."""
     with transaction.atomic():
         lease = (
             Lease.objects.select_for_update(no_key=True)
@@ -413,10 +462,40 @@ def record_container_exit(host_id: int, message: ContainerExited) -> None:
             return
         lease.exit_code = message.exit_code
         lease.log_tail = message.log_tail[-16384:]
-        lease.save(update_fields=["exit_code", "log_tail"])
+        fields = ["exit_code", "log_tail"]
+        if message.stop_cause and lease.active:
+            why = message.stop_reason or _STOP_CAUSE_WORDS.get(message.stop_cause, "")
+            lease.warnings = _with_warning(lease.warnings, why)
+            fields.append("warnings")
+        lease.save(update_fields=fields)
     if lease.state in (State.STARTING, State.RUNNING):
-        reason = Lease.EndReason.OUT_OF_MEMORY if message.oom_killed else Lease.EndReason.EXITED
+        if message.stop_cause:
+            reason = Lease.EndReason.DISK
+        elif message.oom_killed:
+            reason = Lease.EndReason.OUT_OF_MEMORY
+        else:
+            reason = Lease.EndReason.EXITED
         release_lease(lease.pk, reason)
+
+
+def record_notice(host_id: int, message: LeaseNotice) -> bool:
+    """Something a lease's renter should read now, from its agent (its disk nearly used up):
+    added once to the lease's warnings while it starts or runs. Another host's lease, or one
+    that is over, is left alone. True when the warnings changed."""
+    with transaction.atomic():
+        lease = (
+            Lease.objects.select_for_update(no_key=True)
+            .filter(pk=message.lease_id, host_id=host_id, state__in=[State.STARTING, State.RUNNING])
+            .first()
+        )
+        if lease is None:
+            return False
+        warnings = _with_warning(lease.warnings, message.text)
+        if warnings == lease.warnings:
+            return False
+        lease.warnings = warnings
+        lease.save(update_fields=["warnings"])
+    return True
 
 
 # --- reconciliation and host loss ---------------------------------------------------------------

@@ -125,6 +125,12 @@ class Host(models.Model):
         return is_older(self.agent_version, supplier_agent.__version__)
 
 
+def default_disk_allowance_bytes() -> int:
+    """A new GPU's disk allowance until its supplier sets one (read when the row is built, so a
+    changed setting reaches GPUs seen from then on, never ones already known)."""
+    return int(settings.GPU_DISK_ALLOWANCE_DEFAULT_BYTES)
+
+
 class Gpu(models.Model):
     host = models.ForeignKey(Host, on_delete=models.CASCADE, related_name="gpus")
     index = models.PositiveSmallIntegerField()
@@ -139,6 +145,9 @@ class Gpu(models.Model):
     # False until its owner set a price (or the host's default applied): an unpriced GPU can
     # be neither listed nor rented, so a new GPU is never for rent at $0 by accident.
     priced = models.BooleanField(default=True)
+    # What a rental of this GPU may write on the host (writable layer, cache, volumes); a lease
+    # keeps the sum of its GPUs' from its start (hub/lib/disk_allowance.py has the bounds).
+    disk_allowance_bytes = models.BigIntegerField(default=default_disk_allowance_bytes)
     # Set when a heartbeat shows compute processes on this GPU that are not its lease's.
     foreign_process_seen_at = models.DateTimeField(null=True, blank=True)
     present = models.BooleanField(default=True)

@@ -13,7 +13,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from hub.accounts.models import User
-from hub.lib import channel_send, tokens
+from hub.lib import channel_send, disk_allowance, tokens
 from hub.suppliers import transitions
 from hub.suppliers.models import AgentToken, Gpu, Host
 
@@ -124,11 +124,20 @@ def _check_price(price_per_hour_micros: int | None) -> None:
 
 
 def set_gpu_terms(
-    gpu_id: int, *, price_per_hour_micros: int | None = None, listed: bool | None = None
+    gpu_id: int,
+    *,
+    price_per_hour_micros: int | None = None,
+    listed: bool | None = None,
+    disk_allowance_bytes: int | None = None,
 ) -> Gpu:
-    """A GPU's hourly price and whether it is for rent. Running leases keep the price they
-    started with (hub/billing); only new rentals see the change."""
+    """A GPU's hourly price, whether it is for rent, and what a rental of it may write on the
+    host. Running leases keep the price and disk allowance they started with (hub/billing,
+    hub/leases); only new rentals see the change."""
     _check_price(price_per_hour_micros)
+    if disk_allowance_bytes is not None:
+        refused = disk_allowance.out_of_bounds(disk_allowance_bytes)
+        if refused is not None:
+            raise SupplierError(refused)
     with transaction.atomic():
         gpu = Gpu.objects.select_for_update(no_key=True).get(pk=gpu_id)
         fields = []
@@ -136,6 +145,9 @@ def set_gpu_terms(
             gpu.price_per_hour_micros = price_per_hour_micros
             gpu.priced = True
             fields += ["price_per_hour_micros", "priced"]
+        if disk_allowance_bytes is not None:
+            gpu.disk_allowance_bytes = disk_allowance_bytes
+            fields.append("disk_allowance_bytes")
         if listed is not None:
             if listed and not gpu.priced:
                 raise SupplierError("set a price for this GPU before putting it up for rent")

@@ -24,6 +24,7 @@ from hub.leases.models import Lease
 from hub.lib import channel_send
 from hub.suppliers.models import Host
 from hub.volumes.models import Volume
+from supplier_agent.mount_paths import mount_path_refusal
 from supplier_agent.protocol import VolumeDelete, VolumeReport, encode
 
 log = logging.getLogger(__name__)
@@ -174,14 +175,22 @@ def mounts_for_lease(renter: User, host: Host, wanted: list[tuple[Any, str]]) ->
                 f"volume {volume.label!r} holds more than its size: give it a larger size "
                 "(then delete files from it if you like) or delete it"
             )
-        if not path.startswith("/") or path == "/" or ".." in path.split("/") or len(path) > 1024:
-            raise VolumeError("a volume's mount path is an absolute folder, e.g. /data")
+        refusal = mount_path_refusal(path)
+        if refusal is not None:
+            # The agent's own rule, refused here in words rather than by the host at start.
+            raise VolumeError(f"the mount path {_shown(path)} {refusal}")
         mounts.append(Mount(volume, path))
     if len({m.path for m in mounts}) != len(mounts) or len({m.volume.pk for m in mounts}) != len(
         mounts
     ):
         raise VolumeError("each volume once, each at its own path")
     return mounts
+
+
+def _shown(path: object) -> str:
+    """A refused path as the renter reads it: quoted, escapes visible, not a page long."""
+    text = repr(path)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def wire_mounts(mounts: list[Mount]) -> list[dict[str, Any]]:

@@ -316,6 +316,22 @@ class GpuTermsForm(forms.Form):
         label="Price per GPU-hour ($)",
     )
     listed = forms.BooleanField(required=False, label="For rent")
+    # Whole GiB, bounded by the service (its words, hub/lib/disk_allowance.py); left empty or
+    # as shown, the allowance stays as it is.
+    disk_allowance_gib = forms.IntegerField(
+        required=False,
+        label="Disk allowance (GiB)",
+        help_text="What one rental of this GPU may write on the host (container, cache and"
+        " volumes together), in GiB; the host stops it past that. Running rentals keep theirs.",
+    )
+
+    @property
+    def disk_allowance_bytes(self) -> int | None:
+        """The new allowance, or None when the supplier left it as it was."""
+        gib = self.cleaned_data.get("disk_allowance_gib")
+        if gib is None or "disk_allowance_gib" not in self.changed_data:
+            return None
+        return int(gib) * GIB
 
     @property
     def price_micros(self) -> int:

@@ -61,6 +61,7 @@ class Host:
             "none",  # no NVIDIA runtime here; test_containers checks the device request
             "--lock-dir",
             str(self.lock_dir),
+            "--allow-local-images",  # no registry here: the test images are built locally
             *extra,
             env=self.env(),
         )

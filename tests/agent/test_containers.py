@@ -21,6 +21,7 @@ from docker.errors import APIError, NotFound
 
 from supplier_agent import containers
 from supplier_agent.containers import (
+    RENTAL_CAPS,
     ClaimedContainer,
     ContainerError,
     ContainerRuntime,
@@ -57,7 +58,9 @@ def agent_id(docker_client: Any) -> Iterator[str]:
 @pytest.fixture
 def runtime(docker_client: Any) -> ContainerRuntime:
     # busybox's PID 1 ignores SIGTERM: a short grace keeps removals quick.
-    return ContainerRuntime(docker_client, gpu_devices="none", stop_grace_s=1)
+    return ContainerRuntime(
+        docker_client, gpu_devices="none", stop_grace_s=1, allow_local_images=True
+    )
 
 
 @pytest.fixture
@@ -154,8 +157,8 @@ def test_container_is_hardened_and_labelled(
     assert host["SecurityOpt"] == ["no-new-privileges:true"]
     assert host["PidsLimit"] == 4096
     assert host["ShmSize"] == 8 * 1024**3
-    assert "NET_RAW" in host["CapDrop"]
-    assert not host["CapAdd"]
+    assert host["CapDrop"] == ["ALL"]
+    assert sorted(c.removeprefix("CAP_") for c in host["CapAdd"]) == sorted(RENTAL_CAPS)
     assert host["RestartPolicy"]["Name"] == "no"
     assert host["PortBindings"] == {"8080/tcp": [{"HostIp": "127.0.0.1", "HostPort": ""}]}
     assert all(
@@ -173,13 +176,15 @@ def test_container_is_hardened_and_labelled(
         "cloudgpu.lease": spec.lease_id,
         "cloudgpu.ports": "8080",
         "cloudgpu.gpus": "2,5",
+        "cloudgpu.image.digest": docker_client.images.get(spec.image).id,
+        "cloudgpu.disk.allowance": str(50 * 1024**3),  # the default: the spec names none
     }
 
 
 def test_create_requests_exactly_the_claimed_gpus(
     docker_client: Any, make_spec: SpecFactory, agent_id: str
 ) -> None:
-    gpu_runtime = ContainerRuntime(docker_client, gpu_devices="nvidia")
+    gpu_runtime = ContainerRuntime(docker_client, gpu_devices="nvidia", allow_local_images=True)
 
     container_id = gpu_runtime.create(make_spec(), [1, 3], agent_id=agent_id)
 
@@ -222,7 +227,7 @@ def test_the_claimed_gpus_are_named_by_uuid_over_what_the_image_says(
     # that alone would hand the container every GPU of the host.
     image = image_with_env("ENV NVIDIA_VISIBLE_DEVICES=all")
     uuids = ["GPU-00000000-0000-0000-0000-000000000001", "GPU-00000000-0000-0000-0000-000000000003"]
-    gpu_runtime = ContainerRuntime(docker_client, gpu_devices="nvidia")
+    gpu_runtime = ContainerRuntime(docker_client, gpu_devices="nvidia", allow_local_images=True)
 
     container_id = gpu_runtime.create(
         make_spec(image=image), [1, 3], agent_id=agent_id, gpu_uuids=uuids
@@ -302,7 +307,7 @@ def test_start_without_the_nvidia_toolkit_says_to_install_it(
 ) -> None:
     if nvidia_runtime_available(docker_client):
         pytest.skip("this Docker can give containers GPUs")
-    gpu_runtime = ContainerRuntime(docker_client, gpu_devices="nvidia")
+    gpu_runtime = ContainerRuntime(docker_client, gpu_devices="nvidia", allow_local_images=True)
     container_id = gpu_runtime.create(make_spec(), [1, 3], agent_id=agent_id)
 
     with pytest.raises(ContainerError, match="install nvidia-container-toolkit"):
@@ -522,7 +527,7 @@ def test_agents_creating_the_network_at_once_share_one(
 
     def create(spec: DockerRun) -> str:
         # One runtime each, as separate agents would have.
-        runtime = ContainerRuntime(docker_client, gpu_devices="none")
+        runtime = ContainerRuntime(docker_client, gpu_devices="none", allow_local_images=True)
         barrier.wait()
         return runtime.create(spec, [0], agent_id=agent_id)
 
@@ -690,7 +695,9 @@ def test_unreachable_engine_gives_a_container_error() -> None:
     client = docker.DockerClient(base_url=f"tcp://127.0.0.1:{free_port}", version="1.41")
     try:
         with pytest.raises(ContainerError, match="Docker engine is not reachable"):
-            ContainerRuntime(client, gpu_devices="none").find(str(uuid.uuid4()))
+            ContainerRuntime(client, gpu_devices="none", allow_local_images=True).find(
+                str(uuid.uuid4())
+            )
     finally:
         client.close()
 
@@ -716,6 +723,7 @@ def test_a_lease_is_limited_to_its_gpus_share_of_memory_and_cpus(
         # Docker refuses a CPU limit above the CPUs it has: this machine's count, memory made up.
         host=HostResources(memory_bytes=64 * gib, cpus=cpus),
         reserve=Reserve(memory_bytes=8 * gib, cpus=0.0),
+        allow_local_images=True,
     )
 
     container_id = limited.create(make_spec(), [0, 1], agent_id=agent_id)
@@ -741,6 +749,7 @@ def test_a_memory_bomb_is_oom_killed_inside_its_limit(
         host_gpus=8,
         host=HostResources(memory_bytes=1024**3, cpus=2.0),
         reserve=Reserve(memory_bytes=0, cpus=0.0),
+        allow_local_images=True,
     )
     bomb = ("dd", "if=/dev/zero", "of=/dev/null", "bs=800M", "count=1")
     result = small.run(make_spec(ports=(), command=bomb), [0], agent_id=agent_id)
@@ -755,7 +764,9 @@ def test_a_memory_bomb_is_oom_killed_inside_its_limit(
 def test_a_fork_bomb_stops_at_the_pids_limit(
     docker_client: Any, make_spec: SpecFactory, agent_id: str
 ) -> None:
-    few = ContainerRuntime(docker_client, gpu_devices="none", stop_grace_s=1, pids_limit=40)
+    few = ContainerRuntime(
+        docker_client, gpu_devices="none", stop_grace_s=1, pids_limit=40, allow_local_images=True
+    )
     # 200 sleepers wanted: the kernel refuses the fork past the limit (and the shell gives up).
     bomb = "sleep 1; i=0; while [ $i -lt 200 ]; do sleep 600 & i=$((i+1)); done; sleep 600"
     result = few.run(make_spec(ports=(), command=("sh", "-c", bomb)), [0], agent_id=agent_id)
@@ -786,11 +797,15 @@ def test_a_toolkit_with_the_container_escape_takes_no_gpu_rentals(
     spec = make_spec()
 
     with pytest.raises(ContainerError, match=r"1\.17\.7, older than 1\.17\.8(?s:.*)CVE-2025-23266"):
-        ContainerRuntime(docker_client, gpu_devices="nvidia").run(spec, [0], agent_id=agent_id)
+        ContainerRuntime(docker_client, gpu_devices="nvidia", allow_local_images=True).run(
+            spec, [0], agent_id=agent_id
+        )
     assert _lease_containers(docker_client, spec.lease_id) == []
 
     # The supplier who accepts the risk gets as far as Docker (which has no NVIDIA runtime here).
-    accepted = ContainerRuntime(docker_client, gpu_devices="nvidia", toolkit_risk_accepted=True)
+    accepted = ContainerRuntime(
+        docker_client, gpu_devices="nvidia", toolkit_risk_accepted=True, allow_local_images=True
+    )
     with pytest.raises(ContainerError, match="cannot give containers GPUs"):
         accepted.run(spec, [0], agent_id=agent_id)
 
@@ -805,7 +820,7 @@ def test_a_fixed_toolkit_is_no_obstacle(
     _toolkit_on_path(tmp_path, monkeypatch, "1.17.8")
 
     with pytest.raises(ContainerError) as refused:
-        ContainerRuntime(docker_client, gpu_devices="nvidia").run(
+        ContainerRuntime(docker_client, gpu_devices="nvidia", allow_local_images=True).run(
             make_spec(), [0], agent_id=agent_id
         )
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,3 +126,70 @@ def test_connectivity_exits_3_when_the_hub_does_not_answer_in_10_s(
         result = _doctor(agent_env(), "--connectivity", "--state", str(state))
     assert result.returncode == 3, result.stdout + result.stderr
     assert "no answer in 10 s" in _row(result.stdout, "hub")
+
+
+def test_doctor_says_whether_docker_remaps_user_namespaces(
+    tmp_path: Path, docker_client: Any
+) -> None:
+    """Issue 33 item 5: read against what this engine itself reports."""
+    env = agent_env(**fake_nvml_env(tmp_path / "no-such-table.json"))
+    row = _row(_doctor(env).stdout, "userns")
+    remapped = any(o.startswith("name=userns") for o in docker_client.info()["SecurityOptions"])
+    assert row.split()[1] == ("ok" if remapped else "warn"), row
+    if not remapped:
+        assert '"userns-remap": "default"' in row  # how to turn it on
+
+
+def test_doctor_says_which_images_renters_may_run(tmp_path: Path, docker_client: Any) -> None:
+    """Issue 33 item 2: the supplier's opt-in to renting their own images shows as a warning."""
+    env = agent_env(**fake_nvml_env(tmp_path / "no-such-table.json"))
+    state = tmp_path / "agent"
+    assert (
+        configure(state, "https://hub.example.com", new_token(), "--runtime", "mock").returncode
+        == 0
+    )
+    row = _row(_doctor(env, "--state", str(state)).stdout, "images")
+    assert row.split()[1] == "ok"
+    assert "public registries" in row
+
+    opted = tmp_path / "opted"
+    assert (
+        configure(
+            opted,
+            "https://hub.example.com",
+            new_token(),
+            "--runtime",
+            "mock",
+            "--allow-local-images",
+        ).returncode
+        == 0
+    )
+    row = _row(_doctor(env, "--state", str(opted)).stdout, "images")
+    assert row.split()[1] == "warn"
+    assert "private ones included" in row
+
+
+def test_doctor_says_how_rentals_disk_use_is_bounded(tmp_path: Path, docker_client: Any) -> None:
+    """Issue 33 item 1: a hard cap where Docker can set one, the agent's measuring elsewhere."""
+    env = agent_env(**fake_nvml_env(tmp_path / "no-such-table.json"))
+    row = _row(_doctor(env).stdout, "disk limits")
+    info = docker_client.info()
+    backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem")
+    assert row.removeprefix("disk limits").split()[0] == "ok", row
+    assert f"{info['Driver']} on {backing}" in row
+    assert "stops it within 1 GiB past its allowance" in row
+
+
+def test_the_mount_options_of_a_path_are_those_of_its_deepest_mount(tmp_path: Path) -> None:
+    from supplier_agent.doctor import _mount_options
+
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "/dev/vda / ext4 rw,relatime 0 0\n"
+        "/dev/vdb /var/lib/docker xfs rw,relatime,prjquota 0 0\n"
+        "/dev/vdc /var/lib/dockerish xfs rw 0 0\n"
+    )
+    assert "prjquota" in _mount_options("/var/lib/docker", str(mounts))
+    assert "prjquota" in _mount_options("/var/lib/docker/overlay2", str(mounts))
+    assert _mount_options("/var/lib/dockerish/x", str(mounts)) == "rw"
+    assert _mount_options("/srv", str(mounts)) == "rw,relatime"

@@ -172,7 +172,11 @@ def test_a_chatty_lease_keeps_at_most_its_log_budget_on_disk(
 ) -> None:
     budget = 1024 * 1024
     runtime = ContainerRuntime(
-        docker_client, gpu_devices="none", stop_grace_s=1, log_max_bytes=budget
+        docker_client,
+        gpu_devices="none",
+        stop_grace_s=1,
+        log_max_bytes=budget,
+        allow_local_images=True,
     )
     spec = _spec(busybox_image, CHATTY)
     result = runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
@@ -190,7 +194,9 @@ def test_a_chatty_lease_keeps_at_most_its_log_budget_on_disk(
 def test_every_lease_container_has_bounded_rotated_logs(
     docker_client: Any, busybox_image: str, agent_id: str
 ) -> None:
-    runtime = ContainerRuntime(docker_client, gpu_devices="none", stop_grace_s=1)
+    runtime = ContainerRuntime(
+        docker_client, gpu_devices="none", stop_grace_s=1, allow_local_images=True
+    )
     spec = _spec(busybox_image, "exec sleep 600")
     result = runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
 

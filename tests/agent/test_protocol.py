@@ -226,7 +226,7 @@ def _removal(**fields: object) -> dict[str, object]:
         (json.dumps(_run(volumes=[_volume(extra=1)])), "unknown field(s) extra"),
         (json.dumps(_run(volumes=[_volume(), _volume(path="/other")])), "lists a volume twice"),
         (json.dumps(_run(volumes=[_volume(), _volume(name=VOL2)])), "share a path"),
-        (json.dumps(_run(volumes=[_volume(), _volume(name=VOL2, path="/data/")])), "share a path"),
+        (json.dumps(_run(volumes=[_volume(), _volume(name=VOL2, path="/data/")])), "normal form"),
         (
             json.dumps(
                 _run(

@@ -130,6 +130,8 @@ def test_a_docker_lease_runs_its_container_and_release_removes_it(
             )
             assert lease.state == "running", lease.failure_reason
             assert [c.status for c in containers(docker_client, lease_id)] == ["running"]
+            # What ran is pinned on the lease: the test image's id (allow_local_images here).
+            assert lease.image_digest == docker_client.images.get(busybox_image).id  # type: ignore[attr-defined]
             port = lease.host_ports["8080"]
             assert httpx.get(f"http://127.0.0.1:{port}/", timeout=10).text.strip() == marker
             assert table.compute_mode(0) == 3  # EXCLUSIVE_PROCESS while rented
@@ -158,6 +160,41 @@ def test_a_docker_lease_runs_its_container_and_release_removes_it(
             wait_for(lambda: lease_state(lease_id, "ended"), timeout_s=60, what="ended")
             assert containers(docker_client, lease_id) == []
             assert table.compute_mode(0) == 0
+        finally:
+            for container in containers(docker_client, lease_id):
+                container.remove(force=True)  # type: ignore[attr-defined]
+
+
+@pytest.mark.docker
+def test_a_rental_writing_past_its_disk_allowance_ends_with_the_reason_on_its_page(
+    people: tuple[User, User],
+    tmp_path: Path,
+    shared_stack: HubStack,
+    docker_client: object,
+    busybox_image: str,
+) -> None:
+    """Issue 33 item 1, through the real hub and agent: the supplier's 1 GiB allowance reaches
+    the agent in the docker_run, its disk guard stops a full-speed writer, and the lease ends
+    as `disk` with the agent's sentence among its warnings."""
+    supplier, renter = people
+    table = FakeGpuTable.create(tmp_path / "gpus.json", gpu_count=1)
+    state = docker_agent(shared_stack, agent_token(shared_stack, supplier), table, tmp_path)
+    env = agent_env(**fake_nvml_env(table.path))
+    with running_agent(state, tmp_path / "agent.log", env=env):
+        host = wait_for(lambda: online_host(supplier), timeout_s=60, what="host online")
+        Gpu.objects.filter(host=host).update(disk_allowance_bytes=1024**3)
+        flood = "dd if=/dev/zero of=/flood bs=1M count=8192 conv=fsync; exec sleep 600"
+        lease_id = start_lease(
+            shared_stack, renter, host, "--image", busybox_image, "--command", "sh", "-c", flood
+        )
+        try:
+            lease = wait_for(
+                lambda: lease_state(lease_id, "ended", "failed"), timeout_s=180, what="its end"
+            )
+            assert lease.disk_allowance_bytes == 1024**3
+            assert lease.end_reason == "disk", (lease.state, lease.failure_reason)
+            assert any("over its allowance of 1.0 GiB" in w for w in lease.warnings), lease.warnings
+            wait_for(lambda: containers(docker_client, lease_id) == [], timeout_s=60, what="gone")
         finally:
             for container in containers(docker_client, lease_id):
                 container.remove(force=True)  # type: ignore[attr-defined]

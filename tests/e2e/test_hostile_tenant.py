@@ -48,14 +48,46 @@ def agent_id(docker_client: Any) -> Iterator[str]:
 
 
 def _runtime(docker_client: Any, allowed: tuple[str, ...] = ()) -> ContainerRuntime:
+    # The test image exists only on this host: the supplier's opt-in to renting out such.
     return ContainerRuntime(
-        docker_client, gpu_devices="none", stop_grace_s=1, egress=EgressPolicy(allowed)
+        docker_client,
+        gpu_devices="none",
+        stop_grace_s=1,
+        egress=EgressPolicy(allowed),
+        allow_local_images=True,
     )
 
 
 @pytest.fixture
 def neighbour() -> Iterator[Neighbour]:
     with lan_neighbour(subnet=7) as found:
+        yield found
+
+
+# One address in each IPv4 range of IANA's special-purpose registry that is not globally
+# reachable and that Linux routes to a LAN neighbour like any other (10/8: the neighbour's own
+# address). Not here, as no neighbour can hold them: 127/8 (martian off loopback, and
+# CLOUDGPU-RAW besides), 224/4 (multicast) and 255.255.255.255 (broadcast);
+# tests/agent/test_egress_ranges.py covers them with the rest of both registries.
+SPECIAL_PURPOSE_V4 = (
+    "0.213.0.2",  # "this network": Linux routes it (all of 0/8 but 0.0.0.0) since 5.3
+    "100.64.213.2",
+    "169.254.213.2",
+    "172.16.213.2",
+    "192.0.0.213",
+    "192.0.2.213",
+    "192.88.99.213",
+    "192.168.213.2",
+    "198.18.213.2",
+    "198.51.100.213",
+    "203.0.113.213",
+    "240.0.0.213",  # reserved: Linux routes it as unicast
+)
+
+
+@pytest.fixture
+def special_purpose_neighbour() -> Iterator[Neighbour]:
+    with lan_neighbour(subnet=8, routed=SPECIAL_PURPOSE_V4) as found:
         yield found
 
 
@@ -122,6 +154,15 @@ def _reaches(container: Any, address: str, port: int) -> str:
     return out.output.decode(errors="replace")
 
 
+def _answering(container: Any, neighbour: Neighbour, addresses: list[str]) -> set[str]:
+    """Which of the neighbour's addresses answer a TCP connection from inside the lease; all
+    tried at once, since each dropped one takes nc's whole 3 s."""
+    tries = " ".join(f"(echo hi | nc -w 3 {address} {neighbour.port}) &" for address in addresses)
+    out = container.exec_run(["sh", "-c", f"{tries} wait"]).output.decode(errors="replace")
+    answers = [line.split() for line in out.splitlines()]
+    return {words[1] for words in answers if len(words) == 2 and words[0] == neighbour.marker}
+
+
 def _gateway(docker_client: Any) -> str:
     network = docker_client.networks.get(NETWORK)
     return str(network.attrs["IPAM"]["Config"][0]["Gateway"])
@@ -153,6 +194,29 @@ def test_a_lease_cannot_reach_the_lan_unless_the_supplier_allows_that_range(
 
     _runtime(docker_client).ensure_egress()
     assert neighbour.marker not in _reaches(container, neighbour.address, neighbour.port)
+
+
+def test_a_lease_reaches_no_special_purpose_ipv4_range(
+    docker_client: Any, busybox_image: str, agent_id: str, special_purpose_neighbour: Neighbour
+) -> None:
+    neighbour = special_purpose_neighbour
+    addresses = [neighbour.address, *neighbour.routed]
+    # The host reaches the neighbour's listener on every one of them...
+    for address in addresses:
+        with socket.create_connection((address, neighbour.port), timeout=5) as own:
+            assert own.recv(100).decode().split() == [neighbour.marker, address]
+    container, _ = _lease(_runtime(docker_client), busybox_image, agent_id)
+
+    # ...the rental on none.
+    assert _answering(container, neighbour, addresses) == set()
+
+    # The filter is what stops it: with them all allowed, every one answers the same lease.
+    try:
+        allowed = tuple(f"{address}/32" for address in addresses)
+        _runtime(docker_client, allowed=allowed).ensure_egress()
+        assert _answering(container, neighbour, addresses) == set(addresses)
+    finally:
+        _runtime(docker_client).ensure_egress()
 
 
 def test_a_lan_neighbour_reaches_a_lease_port_only_through_the_loopback(

@@ -225,7 +225,7 @@ def tunnel_world(
         locks.mkdir()
         result = configure(
             state, stack.url(), token, "--gpu-devices", "none", "--lock-dir", str(locks),
-            env=env,
+            "--allow-local-images", env=env,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         with running_agent(state, tmp_path / "agent.log", env=env) as agent:

@@ -162,3 +162,13 @@ def test_an_edge_timeout_below_620_s_is_refused() -> None:
     assert result.returncode != 0
     assert "TUNNEL_EDGE_TIMEOUT_S 619 is below 620 s" in result.stderr
     assert _manage(hub_env(DEBUG="1", TUNNEL_EDGE_TIMEOUT_S="620"), "check").returncode == 0
+
+
+def test_a_default_disk_allowance_out_of_bounds_is_refused() -> None:
+    result = _manage(hub_env(DEBUG="1", GPU_DISK_ALLOWANCE_DEFAULT_BYTES="1048576"), "check")
+    assert result.returncode != 0
+    assert "GPU_DISK_ALLOWANCE_DEFAULT_BYTES is 1048576: a disk allowance must be between" in (
+        result.stderr
+    )
+    ok = hub_env(DEBUG="1", GPU_DISK_ALLOWANCE_DEFAULT_BYTES=str(2 << 30))
+    assert _manage(ok, "check").returncode == 0

@@ -23,6 +23,10 @@ def agent_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLOUDGPU_")}
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
+    # Below a supplier's floor (20 GiB by default) the agent takes no rentals (disk_guard.py);
+    # the machines tests run on may have less free than that. tests/e2e/test_hostile_disk.py
+    # tests the floor itself.
+    env.setdefault("CLOUDGPU_DISK_FLOOR_GIB", "1")
     return env
 
 

@@ -46,9 +46,11 @@ def docker_agent(stack: HubStack, token: str, table: FakeGpuTable, tmp_path: Pat
     locks = tmp_path / "locks"
     locks.mkdir(exist_ok=True)
     env = agent_env(**fake_nvml_env(table.path))
+    # --allow-local-images: no registry here, the test images are built on this machine.
     result = configure(
-        state, stack.url(), token, "--gpu-devices", "none", "--lock-dir", str(locks), env=env
-    )
+        state, stack.url(), token, "--gpu-devices", "none", "--lock-dir", str(locks),
+        "--allow-local-images", env=env,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return state
 

@@ -28,9 +28,11 @@ def docker_agent_online(
         "hub", "token", "create", "--owner", supplier.username, "--default-price", "0"
     )
     state = tmp_path / "agent"
+    # --allow-local-images: no registry here, the test images are built on this machine.
     configured = configure(
-        state, stack.url(), token, "--gpu-devices", "none", "--lock-dir", str(locks), env=env
-    )
+        state, stack.url(), token, "--gpu-devices", "none", "--lock-dir", str(locks),
+        "--allow-local-images", env=env,
+    )  # fmt: skip
     assert configured.returncode == 0, configured.stderr
     with running_agent(state, tmp_path / "agent.log", env=env):
         yield wait_for(

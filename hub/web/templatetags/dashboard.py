@@ -135,6 +135,10 @@ _END_REASONS = {
         "It ran out of memory: the container used all the memory that comes with its GPUs "
         "and was stopped by the host."
     ),
+    "disk": (
+        "The host stopped it for its disk use: it wrote more than its disk allowance, or the "
+        "most while the host's disk ran low."
+    ),
 }
 
 

@@ -30,6 +30,7 @@ from hub.catalog.offers import uptime
 from hub.installer import enrollment
 from hub.installer.models import EnrollmentCode
 from hub.leases.gpu_status import gpu_statuses
+from hub.lib import disk_allowance
 from hub.suppliers import services as suppliers
 from hub.suppliers.models import AgentToken, Gpu, GpuSample, Host, host_label
 from hub.web.forms import (
@@ -178,6 +179,7 @@ def _host_rows(hosts: list[Host]) -> list[dict[str, Any]]:
                         initial={
                             "price": gpu.price_per_hour_micros / 1_000_000,
                             "listed": gpu.listed,
+                            **_shown_allowance(gpu),
                         },
                         prefix=f"gpu{gpu.pk}",
                     ),
@@ -221,26 +223,36 @@ def host_status(request: HttpRequest, host_id: int) -> HttpResponse:
     )
 
 
+def _shown_allowance(gpu: Gpu) -> dict[str, int]:
+    """The allowance as the form shows it (whole GiB): posted back unchanged, it stays as it is,
+    even where the hub's default is not a whole number of GiB."""
+    return {"disk_allowance_gib": gpu.disk_allowance_bytes // disk_allowance.GIB}
+
+
 @login_required
 @require_POST
 def gpu_terms(request: HttpRequest, gpu_id: int) -> HttpResponse:
     gpu = get_object_or_404(Gpu.objects.select_related("host"), pk=gpu_id, host__owner=request.user)
-    form = GpuTermsForm(request.POST, prefix=f"gpu{gpu.pk}")
+    form = GpuTermsForm(request.POST, prefix=f"gpu{gpu.pk}", initial=_shown_allowance(gpu))
     if not form.is_valid():
         errors = "; ".join(str(e) for errs in form.errors.values() for e in errs)
         messages.error(request, f"GPU {gpu.index} on {gpu.host.label} unchanged: {errors}")
         return redirect("web:hosts")
     try:
-        suppliers.set_gpu_terms(
-            gpu.pk, price_per_hour_micros=form.price_micros, listed=form.cleaned_data["listed"]
+        gpu = suppliers.set_gpu_terms(
+            gpu.pk,
+            price_per_hour_micros=form.price_micros,
+            listed=form.cleaned_data["listed"],
+            disk_allowance_bytes=form.disk_allowance_bytes,
         )
     except suppliers.SupplierError as exc:
-        messages.error(request, str(exc))
+        messages.error(request, f"GPU {gpu.index} on {gpu.host.label} unchanged: {exc}")
     else:
         messages.success(
             request,
             f"GPU {gpu.index} on {gpu.host.label}: "
             f"{format_micros(form.price_micros, cents=True)}/h, "
+            f"{disk_allowance.words(gpu.disk_allowance_bytes)} of disk per rental, "
             + ("for rent." if form.cleaned_data["listed"] else "not for rent."),
         )
     return redirect("web:hosts")

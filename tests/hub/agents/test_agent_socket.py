@@ -540,6 +540,33 @@ async def test_log_chunks_of_its_own_lease_reach_the_followers_and_the_backlog()
         liveness.forget(other_host.pk)
 
 
+async def test_a_lease_notice_reaches_its_leases_warnings_and_no_other_hosts() -> None:
+    _, plaintext = await _supplier_token()
+    communicator, welcome = await _registered(plaintext)
+    host_id = int(welcome["host_id"])
+    lease = await database_sync_to_async(f.run_lease)(await Host.objects.aget(pk=host_id))
+    other_host = await database_sync_to_async(f.register_host)()
+    other_lease = await database_sync_to_async(f.run_lease)(other_host)
+    text = "This rental has written 45 GiB of its 50 GiB disk allowance."
+    try:
+        for lease_id in (lease.pk, lease.pk, other_lease.pk):
+            await communicator.send_to(
+                text_data=json.dumps(
+                    {"type": "lease_notice", "v": 1, "lease_id": str(lease_id), "text": text}
+                )
+            )
+        # Taken without a reply, once, and only for this host's own lease.
+        assert await _round_trip(communicator) == []
+        await lease.arefresh_from_db()
+        await other_lease.arefresh_from_db()
+        assert lease.warnings == [text]
+        assert other_lease.warnings == []
+    finally:
+        await communicator.disconnect()
+        liveness.forget(host_id)
+        liveness.forget(other_host.pk)
+
+
 async def test_an_agent_of_another_protocol_gets_one_error_and_a_close_it_can_log() -> None:
     # The seed's Go agent: its own message shapes, no "v".
     _, plaintext = await _supplier_token()

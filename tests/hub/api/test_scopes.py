@@ -121,10 +121,18 @@ def _volume_of(lease: Lease) -> Any:
     return volume or create_volume(lease.renter, lease.host, "scoped", 1)
 
 
+def _gpu_of(renter: User) -> Gpu:
+    """A GPU of the renter's own (a renter may supply too): the supplier's GPU routes."""
+    gpu = Gpu.objects.filter(host__owner=renter).first()
+    return gpu or f.register_host(f.make_token(renter)[0]).gpus.get()
+
+
 def concrete(name: str, converters: dict[str, Any], lease: Lease, token: ApiToken) -> str:
-    # Each uuid route names its own kind of object: a lease's, or a volume's.
+    # Each uuid route names its own kind of object: a lease's, or a volume's; int ones a
+    # token's, or a GPU's.
     uuid = _volume_of(lease).pk if name == "api:volume" else lease.pk
-    values = {"uuid": uuid, "int": token.pk, "slug": "pytorch-jupyterlab"}
+    number = _gpu_of(lease.renter).pk if name == "api:gpu" else token.pk
+    values = {"uuid": uuid, "int": number, "slug": "pytorch-jupyterlab"}
     kwargs = {
         key: values[type(c).__name__.removesuffix("Converter").lower()]
         for key, c in converters.items()

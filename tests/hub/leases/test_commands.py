@@ -15,6 +15,7 @@ from pytest_django.fixtures import SettingsWrapper
 from hub.accounts.models import User
 from hub.billing import services as billing
 from hub.leases import commands, services
+from hub.leases.commands import DISK_ALLOWANCE_SINCE
 from hub.leases.models import Command, Lease, LeaseGpu
 from hub.suppliers.models import Gpu, Host
 from hub.volumes import services as volumes
@@ -81,6 +82,16 @@ def _docker_run(lease: Lease) -> DockerRun:
 # --- payloads the agent takes ---------------------------------------------------------------------
 
 
+def test_an_agent_that_enforces_allowances_gets_the_leases_in_its_runs(host: Host) -> None:
+    """Issue 33 item 1: from agent 0.2.0 on, every run says how much the lease may write."""
+    host.agent_version = DISK_ALLOWANCE_SINCE
+    host.save(update_fields=["agent_version"])
+    lease = f.start_lease(host, command=None)
+    assert f.ack(f.command_of(lease, Kind.RESERVE))
+    payload = f.command_of(lease, Kind.DOCKER_RUN).payload
+    assert payload["disk_allowance_bytes"] == lease.disk_allowance_bytes > 0
+
+
 def test_reserve_and_release_payloads_parse_and_round_trip(reserving: Lease) -> None:
     command = f.command_of(reserving, Kind.RESERVE)
     reserve = _agent_reads(command.payload)
@@ -100,6 +111,8 @@ def test_reserve_and_release_payloads_parse_and_round_trip(reserving: Lease) -> 
 
 def test_a_plain_docker_run_carries_exactly_the_fields_it_always_did(host: Host) -> None:
     # Agents refuse unknown fields, even as null: an older agent must still take a plain run.
+    host.agent_version = "0.1.0"  # before disk allowances
+    host.save(update_fields=["agent_version"])
     lease = f.start_lease(host, command=None)
     assert f.ack(f.command_of(lease, Kind.RESERVE))
     payload = f.command_of(lease, Kind.DOCKER_RUN).payload

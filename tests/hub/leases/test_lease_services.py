@@ -250,6 +250,33 @@ def test_docker_run_ok_makes_the_lease_running(starting: Lease) -> None:
     assert _granted(starting)
 
 
+@pytest.mark.parametrize(
+    ("sent", "kept"),
+    [
+        (
+            "docker.io/library/busybox@sha256:" + "a" * 64,
+            "docker.io/library/busybox@sha256:" + "a" * 64,
+        ),
+        ("sha256:" + "b" * 64, "sha256:" + "b" * 64),  # the supplier's own image, opted in
+        ("busybox@sha256:short", ""),
+        ("x\n@sha256:" + "c" * 64, ""),
+        (["not", "a", "string"], ""),
+        (None, ""),
+    ],
+)
+def test_the_lease_records_the_digest_its_container_runs(
+    starting: Lease, sent: object, kept: str
+) -> None:
+    """Issue 33 item 2: what ran is pinned on the lease; an agent's malformed word is dropped."""
+    run = f.command_of(starting, Kind.DOCKER_RUN)
+
+    assert f.ack(run, result={"container_id": "abc123", "image_digest": sent})
+
+    starting.refresh_from_db()
+    assert starting.state == State.RUNNING
+    assert starting.image_digest == kept
+
+
 def test_the_same_ack_twice_is_applied_once(host: Host) -> None:
     lease = f.start_lease(host)
     reserve = f.command_of(lease, Kind.RESERVE)

@@ -58,11 +58,12 @@ def test_another_person_cannot_revoke_a_token_and_needs_csrf() -> None:
 def test_the_form_pre_checks_read_and_leases_only() -> None:
     page = _client(f.make_user("renter")).get(reverse("web:api-tokens")).content.decode()
     boxes = dict(re.findall(r'<input type="checkbox" name="scopes" value="(\w+)"([^>]*)>', page))
-    assert sorted(boxes) == ["leases", "payouts", "read", "tokens"]
+    assert sorted(boxes) == ["hosts", "leases", "payouts", "read", "tokens"]
     assert "checked" in boxes["read"]
     assert "checked" in boxes["leases"]
     assert "checked" not in boxes["tokens"]
     assert "checked" not in boxes["payouts"]  # opt-in: it asks for money to leave
+    assert "checked" not in boxes["hosts"]  # opt-in: it reprices the supplier's GPUs
 
 
 @pytest.mark.parametrize(
