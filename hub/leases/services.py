@@ -360,9 +360,9 @@ def _strings(value: Any) -> list[str]:
     if not isinstance(value, list):
         return []
     # Docker's words can reach a warning too (a release that failed): no host paths in them.
-    return [
-        redact_host_paths(item)[:MAX_WARNING_CHARS] for item in value if isinstance(item, str)
-    ][:MAX_WARNINGS]
+    return [redact_host_paths(item)[:MAX_WARNING_CHARS] for item in value if isinstance(item, str)][
+        :MAX_WARNINGS
+    ]
 
 
 def _with_warning(warnings: list[str], text: str) -> list[str]:

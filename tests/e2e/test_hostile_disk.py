@@ -52,16 +52,6 @@ class Events:
 
 
 @pytest.fixture
-def agent_id(docker_client: Any) -> Iterator[str]:
-    agent = str(uuid.uuid4())
-    yield agent
-    for container in docker_client.containers.list(
-        all=True, filters={"label": f"{LABEL_CLAIM}={agent}"}
-    ):
-        container.remove(force=True, v=True)
-
-
-@pytest.fixture
 def runtime(docker_client: Any) -> ContainerRuntime:
     return ContainerRuntime(
         docker_client, gpu_devices="none", stop_grace_s=1, allow_local_images=True

@@ -28,16 +28,6 @@ pytestmark = pytest.mark.docker
 
 
 @pytest.fixture
-def agent_id(docker_client: Any) -> Iterator[str]:
-    agent = str(uuid.uuid4())
-    yield agent
-    for container in docker_client.containers.list(
-        all=True, filters={"label": f"cloudgpu.claim={agent}"}
-    ):
-        container.remove(force=True, v=True)
-
-
-@pytest.fixture
 def private_image(docker_client: Any, busybox_image: str) -> Iterator[str]:
     """The supplier's own image: a tag that exists on this host and in no registry."""
     name = f"hold/ldlib-{uuid.uuid4().hex[:8]}"

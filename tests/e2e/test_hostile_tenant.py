@@ -37,16 +37,6 @@ def as_root() -> None:
         pytest.skip("needs root: iptables and network namespaces")
 
 
-@pytest.fixture
-def agent_id(docker_client: Any) -> Iterator[str]:
-    agent = str(uuid.uuid4())
-    yield agent
-    for container in docker_client.containers.list(
-        all=True, filters={"label": f"cloudgpu.claim={agent}"}
-    ):
-        container.remove(force=True, v=True)
-
-
 def _runtime(docker_client: Any, allowed: tuple[str, ...] = ()) -> ContainerRuntime:
     # The test image exists only on this host: the supplier's opt-in to renting out such.
     return ContainerRuntime(
