@@ -6,7 +6,9 @@ Starts ``--rentals`` real containers (the busybox test image, through the agent'
 ContainerRuntime), has each write ``--files`` small files and a ``--mib`` MiB file into its
 writable layer, then times ``--passes`` passes of ``DiskGuard.check`` (what the agent runs
 every 10 s, and sooner while the disk falls fast): wall seconds and this process's CPU
-seconds per pass (the median), and the CPU share at one pass per 10 s. Needs root and Docker.
+seconds per pass (the median), and the CPU share at one pass per 10 s; then the CPU of the
+guard's tick between passes (free space, the rentals' write counters), four a second. Needs
+root and Docker.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def main() -> int:
     import docker
 
     from supplier_agent.containers import LABEL_CLAIM, LABEL_LEASE, ContainerRuntime
-    from supplier_agent.disk_guard import INTERVAL_S, DiskGuard
+    from supplier_agent.disk_guard import INTERVAL_S, TICK_S, DiskGuard
     from supplier_agent.protocol import DockerRun
 
     client = docker.from_env(timeout=60)
@@ -76,6 +78,12 @@ def main() -> int:
             guard.check(lambda *event: events.append(event))
             walls.append(time.perf_counter() - wall)
             cpus.append(time.process_time() - cpu)
+        tick_cpus = []
+        for _ in range(40):  # what the guard does 4 times a second between passes
+            cpu = time.process_time()
+            guard.free_bytes()
+            guard._writing()  # the tick's own work, measured alone
+            tick_cpus.append(time.process_time() - cpu)
         used = sorted(r.used for r in guard.rentals.values())
         files = sorted(r.files for r in guard.rentals.values())
     finally:
@@ -97,6 +105,8 @@ def main() -> int:
         "pass_wall_s_max": round(max(walls), 4),
         "pass_cpu_s_median": round(statistics.median(cpus), 4),
         "cpu_share_at_one_pass_per_interval": round(statistics.median(cpus) / INTERVAL_S, 4),
+        "tick_cpu_s_median": round(statistics.median(tick_cpus), 5),
+        "cpu_share_of_ticks": round(statistics.median(tick_cpus) / TICK_S, 4),
         "stops": len([e for e in events if e[1]]),
     }
     path = common.write_result("disk-guard", result)

@@ -579,7 +579,8 @@ class Agent:
             chosen = [volume.path for volume in command.volumes]
             if command.cache_volume is not None:
                 chosen.append(command.cache_volume.path)
-        text = redact_host_paths(error, host_folders=[str(self.state.dir.absolute())], keep=chosen)
+        folders = [str(self.state.dir.absolute()), *self.runtime.host_folders]
+        text = redact_host_paths(error, host_folders=folders, keep=chosen)
         return Ack(command_id=command.command_id, ok=False, error=_fit(text))
 
     def _check_epoch(self, gpu_indices: list[int] | tuple[int, ...], epoch: int) -> None:

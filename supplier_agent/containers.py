@@ -786,6 +786,10 @@ def _pull_error(ref: str, detail: str) -> ContainerError:
     return ContainerError(f"pulling image {ref} failed on this host")
 
 
+# What Docker takes for Docker Hub besides no registry at all.
+DOCKER_HUB_NAMES = ("docker.io", "index.docker.io", "registry-1.docker.io")
+
+
 def not_found_message(ref: str) -> str:
     """What a renter reads for an image missing from its registry, whether or not a copy of
     it is on this host."""
@@ -811,7 +815,11 @@ def _repository(ref: str) -> str:
     colon = name.rfind(":")
     if colon > last_slash:
         name = name[:colon]
-    if image_policy.registry_of(name) is None:
+    registry = image_policy.registry_of(name)
+    if registry in DOCKER_HUB_NAMES:  # Docker Hub by one of its other names
+        name = name.partition("/")[2]
+        registry = None
+    if registry is None:
         name = "docker.io/" + (name if "/" in name else "library/" + name)
     return name
 

@@ -24,8 +24,9 @@ from supplier_agent.containers import (
     ContainerError,
     ContainerRuntime,
     cache_volume_name,
+    renter_volume_name,
 )
-from supplier_agent.disk_guard import DiskGuard, Send
+from supplier_agent.disk_guard import DiskGuard, Send, volumes_refusal
 from supplier_agent.docker_exec import DockerExec, open_exec
 from supplier_agent.egress import EgressPolicy
 from supplier_agent.gpu import Nvml
@@ -89,7 +90,26 @@ class DockerRuntime:
             agent_id=agent_id,
             floor_bytes=int(config.disk_floor_gib * 1024**3),
             stop_container=self.containers.stop_for_disk,
+            default_allowance=self.containers.default_disk_allowance,
         )
+        self.host_folders: tuple[str, ...] = (self.disk.root,)
+
+    def _volumes_refusal(self, command: DockerRun) -> str | None:
+        """Volumes kept from earlier leases may already hold more than this rental's
+        allowance: refused now, rather than stopped at once for what it never wrote."""
+        names = [renter_volume_name(v.name) for v in command.volumes]
+        if command.cache_volume is not None:
+            names.append(cache_volume_name(command.cache_volume.name))
+        paths = []
+        for name in names:
+            try:
+                paths.append(str(self.containers.client.api.inspect_volume(name)["Mountpoint"]))
+            except NotFound:
+                continue  # made empty with the container
+        if not paths:
+            return None
+        allowance = command.disk_allowance_bytes or self.containers.default_disk_allowance
+        return volumes_refusal(paths, allowance)
 
     def _docker_root(self) -> str:
         try:
@@ -165,6 +185,8 @@ class DockerRuntime:
         self, command: DockerRun, claim: Claim, *, output: LogSink | None = None
     ) -> RunOutcome:
         refusal = await asyncio.to_thread(self.disk.refusal)
+        if refusal is None:
+            refusal = await asyncio.to_thread(self._volumes_refusal, command)
         if refusal is not None:
             raise CommandFailed(refusal)
         uuids = [self.nvml.uuid_for_index(i) for i in claim.gpu_indices]

@@ -43,6 +43,7 @@ MOCK_REMOVALS_KEPT = 300
 
 class MockRuntime:
     name = "mock"
+    host_folders: tuple[str, ...] = ()  # it touches no folder of the host
 
     def __init__(self, agent_id: str) -> None:
         self._uuid = f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'cloudgpu-mock:{agent_id}')}"

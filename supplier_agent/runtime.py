@@ -55,6 +55,9 @@ def disk_free_bytes(path: str) -> int | None:
 
 class Runtime(Protocol):
     name: str
+    # Folders of this host whose paths never reach a renter (Docker's data root, wherever the
+    # supplier moved it): host_paths.redact_host_paths takes them out of failure reasons.
+    host_folders: tuple[str, ...]
 
     async def gpus(self) -> list[GpuState]: ...
 

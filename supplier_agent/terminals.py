@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from supplier_agent.host_paths import redact_host_paths
 from supplier_agent.protocol import (
     MAX_EXEC_DATA_BYTES,
     ExecClose,
@@ -137,7 +138,8 @@ class Terminals:
             self._sessions.pop(sid, None)
             session.closed = True
             session.ready.set()
-            await self._exit(sid, error=str(exc) or type(exc).__name__)
+            # Docker's words reach the renter's terminal: no host paths in them.
+            await self._exit(sid, error=redact_host_paths(str(exc)) or type(exc).__name__)
             return
         session.ready.set()
         if session.closed:  # closed while it started

@@ -10,7 +10,7 @@ import logging
 from typing import Protocol
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -41,18 +41,41 @@ def held_micros(account: User) -> int:
 
 
 def earned_micros(account: User) -> int:
-    """Earnings less what was paid out: the part of a balance that came from renting GPUs out.
-    Top-ups, payments and adjustments are not in it, so credit bought with a card (perhaps a
-    stolen one) can be spent on rentals but never turned back into a transfer."""
-    totals = LedgerEntry.objects.filter(
-        account=account, kind__in=[LedgerEntry.Kind.EARNING, LedgerEntry.Kind.PAYOUT]
-    ).aggregate(total=Sum("amount_micros"))
-    return int(totals["total"] or 0)
+    """The part of a balance that came from renting GPUs out and is still there: earnings,
+    less what was paid out, less what spending took from them.
+
+    Top-ups, payments and positive adjustments are credit: it can be spent on rentals but never
+    turned back into a transfer (credit bought with a stolen card must not come out as a
+    payout). Spending (charges, negative adjustments) takes credit first and earnings only
+    once the credit is gone, in the ledger's order: so earning, spending it, then topping up
+    leaves nothing payable, where a plain "earnings less payouts" would pay the top-up out.
+
+    The credit bucket is the running sum of credit and spending clamped at zero from below;
+    what the clamp lifted in all is what spending took from earnings: minus the lowest prefix
+    sum of credit and spending (one window query, however long the ledger)."""
+    Kind = LedgerEntry.Kind
+    totals = LedgerEntry.objects.filter(account=account, kind__in=[Kind.EARNING, Kind.PAYOUT])
+    earned = int(totals.aggregate(total=Sum("amount_micros"))["total"] or 0)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT LEAST(0, COALESCE(MIN(running), 0)) FROM (
+                SELECT SUM(amount_micros) OVER (
+                    ORDER BY created_at, id ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW
+                ) AS running
+                FROM {LedgerEntry._meta.db_table}
+                WHERE account_id = %s AND kind IN (%s, %s, %s)
+            ) AS credit
+            """,  # noqa: S608 - the table name is ours; values are parameters
+            [account.pk, Kind.CHARGE, Kind.PAYMENT, Kind.ADJUSTMENT],
+        )
+        lowest = int(cursor.fetchone()[0])
+    return earned + lowest
 
 
 def payable_micros(account: User) -> int:
-    """What a supplier can ask to be paid now: earnings not yet paid out, less what they asked
-    for already, and never more than the balance (earnings spent on rentals are gone); never
+    """What a supplier can ask to be paid now: their earnings still in the balance
+    (``earned_micros``), never more than the balance, less what they asked for already; never
     below zero."""
     held = held_micros(account)
     return max(0, min(earned_micros(account), services.balance_micros(account)) - held)
@@ -97,6 +120,16 @@ def mark_payout_paid(payout_id: int, reference: str, by: User) -> Payout:
             raise services.BillingError(
                 f"the balance ({format_micros(balance, cents=True)}) is less than the payout "
                 "now; cancel it and ask the supplier for a new one"
+            )
+        # And still earned: spending since the request may have taken the earnings it was
+        # asked against (the rest held stays held for the other requests).
+        room = min(earned_micros(payout.account), balance) - (
+            held_micros(payout.account) - payout.amount_micros
+        )
+        if room < payout.amount_micros:
+            raise services.BillingError(
+                f"only {format_micros(max(0, room), cents=True)} of the supplier's earnings is "
+                "payable now, less than the payout; cancel it and ask the supplier for a new one"
             )
         entry = LedgerEntry.objects.create(
             account=payout.account,

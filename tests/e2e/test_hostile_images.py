@@ -131,6 +131,14 @@ def test_pulls_never_send_the_suppliers_docker_credentials(
             ["ghcr.io/o/app@sha256:" + "d" * 64],
             "ghcr.io/o/app@sha256:" + "d" * 64,
         ),
+        # Docker Hub by its other names.
+        ("docker.io/python:3", ["python@sha256:" + "1" * 64], "python@sha256:" + "1" * 64),
+        (
+            "index.docker.io/library/python",
+            ["python@sha256:" + "2" * 64],
+            "python@sha256:" + "2" * 64,
+        ),
+        ("registry-1.docker.io/o/app", ["o/app@sha256:" + "3" * 64], "o/app@sha256:" + "3" * 64),
         # Pulled once from another repository and retagged here: not this name's registry copy.
         ("hold/ldlib:latest", ["busybox@sha256:" + "e" * 64], None),
         ("hold/ldlib:latest", [], None),

@@ -90,6 +90,38 @@ def test_only_earnings_less_paid_and_pending_are_payable(supplier: User, admin: 
     assert payouts.payable_micros(supplier) == 0
 
 
+def _spend(account: User, micros: int) -> None:
+    """A charge row, as metering writes one when the account rents a GPU itself."""
+    LedgerEntry.objects.create(account=account, kind=LedgerEntry.Kind.CHARGE, amount_micros=-micros)
+
+
+def test_earnings_spent_on_rentals_are_not_refilled_by_a_later_top_up(supplier: User) -> None:
+    """The review's way around 'earnings less payouts': earn, spend it, top up, cash out."""
+    _spend(supplier, 100 * UNIT)  # the supplier rents with all they earned
+    top_up(supplier, 100 * UNIT)
+    assert billing.balance_micros(supplier) == 100 * UNIT
+    assert payouts.earned_micros(supplier) == 0
+    assert payouts.payable_micros(supplier) == 0
+
+
+def test_spending_takes_bought_credit_before_earnings(supplier: User) -> None:
+    top_up(supplier, 30 * UNIT)
+    _spend(supplier, 40 * UNIT)  # 30 of credit, then 10 of the earnings
+    earn(supplier, 5 * UNIT)
+    top_up(supplier, 50 * UNIT)  # credit again: not payable
+    assert payouts.earned_micros(supplier) == 95 * UNIT
+    assert payouts.payable_micros(supplier) == 95 * UNIT
+
+
+def test_a_request_spent_before_it_is_paid_is_not_paid(supplier: User, admin: User) -> None:
+    payout = payouts.request_payout(supplier, 80 * UNIT)
+    _spend(supplier, 50 * UNIT)  # earnings the request was asked against, now spent
+    top_up(supplier, 50 * UNIT)  # the balance covers it again, with bought credit
+    with pytest.raises(billing.BillingError, match="of the supplier's earnings is payable"):
+        payouts.mark_payout_paid(payout.pk, "ref", admin)
+    assert Payout.objects.get(pk=payout.pk).state == Payout.State.REQUESTED
+
+
 def test_a_payout_below_the_minimum_is_refused_in_words(supplier: User) -> None:
     response = _payouts_api(supplier).post("/api/v1/payouts/", {"amount": "2"}, format="json")
     assert response.status_code == 400
