@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularSwaggerView
 
 from hub.api import exec_views, views
+from hub.api.schema_view import CachedSchemaView
 
 app_name = "api"
 
@@ -40,7 +41,7 @@ urlpatterns = [
     # The schema and its docs page are public: they describe, they hold no data.
     path(
         "schema/",
-        SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),
+        CachedSchemaView.as_view(authentication_classes=[], permission_classes=[]),
         name="schema",
     ),
     path(

@@ -3,8 +3,10 @@ no request it can make gets a 5xx or a response that contradicts the schema."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
@@ -33,6 +35,13 @@ def test_no_request_gets_a_server_error_or_an_answer_outside_the_schema(tmp_path
     auth = {"Authorization": f"Bearer {plaintext}"}
 
     with hub_stack(tmp_path) as stack:
+        # Issue 34 item 7: a fresh process's first requests, 16 at once, all get the schema
+        # (drf-spectacular's lazy loading raced: 1 of 1,600 answered 500).
+        url = f"{stack.url()}/api/schema/?format=json"
+        with ThreadPoolExecutor(16) as pool:
+            answers = list(pool.map(lambda _: httpx.get(url, timeout=60), range(16)))
+        assert [a.status_code for a in answers] == [200] * 16
+        assert len({a.content for a in answers}) == 1
         schema = schemathesis.openapi.from_url(f"{stack.url()}/api/schema/", timeout=30)
         operations = [result.ok() for result in schema.get_all_operations()]
         # Revoking tokens is covered in test_auth; here it would revoke the run's own token.
