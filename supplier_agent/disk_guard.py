@@ -140,6 +140,8 @@ class DiskGuard:
         self.tick_s = tick_s
         self.max_files = max_files
         self.rentals: dict[str, Rental] = {}
+        # The agent's own PID namespace, read once: a rental's is compared with it each tick.
+        self._own_namespace = pid_namespace(os.getpid())
         # Below floor + band the runtime takes no rental (refusal) and the biggest writer goes.
         self.low_disk = False
         self.last_pass_s = 0.0  # what the last pass cost, for the log and the benchmark
@@ -229,7 +231,7 @@ class DiskGuard:
         namespace = pid_namespace(rental.pid) if rental.pid else None
         # Never the host's own namespace (a container sharing it would be charged for every
         # process of the host); rentals always have their own.
-        if namespace is None or namespace == pid_namespace(os.getpid()):
+        if namespace is None or namespace == self._own_namespace:
             return None
         return namespace
 

@@ -132,12 +132,8 @@ class DockerRuntime:
         return await asyncio.to_thread(self._host_facts)
 
     def _host_facts(self) -> HostFacts:
-        try:
-            root = self.containers.client.info().get("DockerRootDir") or "/var/lib/docker"
-        except Exception:  # a fact we cannot read is left out, never fatal
-            root = "/var/lib/docker"
         return HostFacts(
-            disk_free_bytes=disk_free_bytes(root),
+            disk_free_bytes=disk_free_bytes(self._docker_root()),
             driver_version=(self.nvml.driver_version() or "")[:32],
             cuda_version=(self.nvml.cuda_version() or "")[:16],
         )
