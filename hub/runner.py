@@ -38,6 +38,10 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_STATE_DIR = BASE_DIR / ".state"
 
 
+# How long Ctrl-C waits for the demo agent to stop its rentals' containers.
+END_RENTALS_WAIT_S = 30.0
+
+
 def _lock_state(state: Path) -> IO[str]:
     lock = open(state / "runner.lock", "w")  # noqa: SIM115 - held for the runner's lifetime
     try:
@@ -367,6 +371,8 @@ def serve(state: Path, host: str, port: int, web: int = 1) -> int:
     supervisor = Supervisor()
     stop = threading.Event()
     _install_stop_handlers(stop)
+    env: dict[str, str] = {}
+    demo_agent: Path | None = None
     try:
         env = prepare_environment(state, supervisor)
         # One folder for the metrics of web, worker (and its pool) and beat, which /metrics
@@ -448,6 +454,7 @@ def serve(state: Path, host: str, port: int, web: int = 1) -> int:
         if env.get("HUB_DEMO_AGENT", "1") != "0":
             agent_log = state / "demo-agent" / "agent.log"
             runtime = _start_demo_agent(supervisor, state / "demo-agent", env, base)
+            demo_agent = state / "demo-agent"
             lines.append(f"  demo agent {runtime}, log in {agent_log}")
         lines.append(f"  logs       web.log, worker.log, beat.log, migrate.log in {state}")
         lines.append(f"  state      {state}")
@@ -477,10 +484,46 @@ def serve(state: Path, host: str, port: int, web: int = 1) -> int:
         # Stopping must not itself be interrupted by a second Ctrl-C.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if demo_agent is not None:
+            _end_demo_rentals(env, demo_agent)
         print("Stopping hub processes ...", flush=True)
         supervisor.stop_all()
         lock.close()
         print("Stopped.", flush=True)
+
+
+def _end_demo_rentals(env: dict[str, str], agent_state: Path) -> None:
+    """End the demo agent's rentals while the hub and the agent still run: their containers
+    go, billing stops, and the next run shows them ended (nothing is left running)."""
+    try:
+        agent_id = (agent_state / "agent_id").read_text().strip()
+    except OSError:
+        return
+    print(f"Ending the demo agent's rentals (up to {END_RENTALS_WAIT_S:.0f} s) ...", flush=True)
+    try:
+        result = subprocess.run(
+            [
+                *(sys.executable, str(BASE_DIR / "manage.py"), "hub", "lease", "release-host"),
+                *(agent_id, "--wait", str(END_RENTALS_WAIT_S)),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=END_RENTALS_WAIT_S + 60,
+            check=False,
+            start_new_session=True,
+        )
+    except (subprocess.TimeoutExpired, OSError) as exc:
+        # Stopping goes on regardless: the next run's agent re-adopts what is left.
+        print(f"hub runner: could not end the demo agent's rentals: {exc}", flush=True)
+        return
+    said = (result.stdout.strip() + " " + result.stderr.strip()).strip()
+    if "matches no host" in said:
+        return  # the agent never registered: it has no rentals
+    if result.returncode != 0:
+        print(f"hub runner: {said.splitlines()[-1] if said else 'could not end them'}", flush=True)
+    elif not said.startswith("0 of 0"):
+        print(f"  {said}", flush=True)
 
 
 def exec_command(state: Path, command: Sequence[str]) -> int:

@@ -13,6 +13,7 @@ runs without tunnels.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pwd
 import secrets
@@ -23,6 +24,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from hub.lib.embedded import SHARED_PGINSTALL_DIR
 
 SSHD = "/usr/sbin/sshd"
 # The logins the gateway's sshd serves: agents' remote forwards and renters' local forwards
@@ -103,21 +106,52 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _check_folder(folder: Path) -> None:
+def _folder_problem(folder: Path) -> str | None:
+    """Why sshd would refuse a key command in ``folder`` (None: it would not)."""
     # sshd refuses an AuthorizedKeysCommand below a folder anyone but root (or, for a user's
-    # own sshd, that user) may write to.
+    # own sshd, that user) may write to; as root the key command runs as nobody, who must
+    # be able to walk down to it.
     owners = {0, os.geteuid()}
     for parent in [folder, *folder.parents]:
         info = parent.stat()
         if info.st_uid not in owners or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise GatewayUnavailable(
-                f"{parent} must be owned by root (or you) and writable by its owner only (sshd "
-                "refuses key commands below it); pass --state in such a folder"
-            )
+            return f"{parent} must be owned by root (or you) and writable by its owner only"
         if os.geteuid() == 0 and not info.st_mode & stat.S_IXOTH:
-            raise GatewayUnavailable(
-                f"{parent} must be searchable by others (o+x): the key command runs as nobody"
-            )
+            return f"{parent} must be searchable by others (o+x): the key command runs as nobody"
+    return None
+
+
+def _private_root() -> Path:
+    """Where the gateway's folder goes when the state folder breaks sshd's rules (a clone in
+    /root, 0700, or under /tmp, writable by all): root's system folder, as for the embedded
+    Postgres; a user's own state folder otherwise."""
+    if os.geteuid() == 0:
+        return SHARED_PGINSTALL_DIR
+    xdg = os.environ.get("XDG_STATE_HOME", "")
+    base = Path(xdg) if xdg.startswith("/") else Path.home() / ".local" / "state"
+    return base / "cloudgpu"
+
+
+def gateway_folder(state: Path) -> Path:
+    """The gateway's folder: ``<state>/gateway`` where sshd accepts it, else one named for the
+    state folder (each trial keeps its own host key) under ``_private_root()``; raises
+    GatewayUnavailable when neither qualifies."""
+    in_state = state / "gateway"
+    if _folder_problem(state) is None:
+        return in_state
+    root = _private_root()
+    try:
+        root.mkdir(mode=0o755 if os.geteuid() == 0 else 0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise GatewayUnavailable(f"cannot create {root}: {exc.strerror}") from None
+    digest = hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:16]
+    folder = root / f"gateway-{digest}"
+    problem = _folder_problem(root)
+    if problem is not None:
+        raise GatewayUnavailable(
+            f"{problem} (sshd refuses key commands below it); pass --state in such a folder"
+        )
+    return folder
 
 
 def _ensure_login_user(name: str) -> None:
@@ -160,10 +194,9 @@ def plan(state: Path, ssh_port: int, http_port: int) -> DemoGateway:
                 f"127.0.0.1:{port} is taken; choose other ports with HUB_GATEWAY_SSH_PORT / "
                 "HUB_GATEWAY_HTTP_PORT"
             )
-    folder = state / "gateway"
+    folder = gateway_folder(state)
     folder.mkdir(mode=0o755, exist_ok=True)
     folder.chmod(0o755)  # the key command's user (nobody) must reach its script
-    _check_folder(folder)
     for name in LOGIN_USERS if root else ():
         try:
             _ensure_login_user(name)

@@ -3,6 +3,7 @@ the tunnel gateway (sshd + nginx) and the demo agent."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import re
@@ -24,7 +25,9 @@ import httpx
 import psutil
 import pytest
 
+from hub.lib.embedded import SHARED_PGINSTALL_DIR
 from hub.lib.ports import free_port
+from supplier_agent.containers import LABEL_LEASE
 from tests.support.gateway import require_gateway
 from tests.support.polling import wait_for
 from tests.support.processes import REPO_ROOT
@@ -158,7 +161,8 @@ def _metrics(base_url: str) -> str:
 
 
 def test_runner_serves_the_hub_and_leaves_no_process_behind(state_dir: Path) -> None:
-    with runner(state_dir) as run:
+    # The gateway (and its way out of /tmp) is the URL test's, below.
+    with runner(state_dir, HUB_DEMO_GATEWAY="0") as run:
         passwords = _demo_passwords(run)
         assert set(passwords) == {"admin", "renter", "supplier"}
 
@@ -200,9 +204,7 @@ def test_runner_serves_the_hub_and_leaves_no_process_behind(state_dir: Path) -> 
             "supplier_agent",
         ):
             assert expected in commands, f"{expected} is not running under the runner"
-        # No gateway below a world-writable /tmp (sshd would refuse its key command there), or
-        # without root: the runner says why and goes on.
-        assert "hub runner: no tunnel gateway, so rentals get no URL: " in run.text()
+        assert "gateway" not in commands
 
         run.process.send_signal(signal.SIGINT)
         assert run.process.wait(timeout=90) == 0
@@ -320,14 +322,20 @@ def test_a_child_that_dies_is_restarted_and_ctrl_c_still_stops_everything(
 
 
 @contextmanager
-def _root_owned_state() -> Iterator[Path]:
-    """A state folder whose every parent is root's alone: sshd runs key commands only there."""
-    parent = Path(tempfile.mkdtemp(prefix="cloudgpu-runner-gw-", dir="/run"))
-    parent.chmod(0o755)  # the embedded Postgres' user and the key command's (nobody) enter it
+def _clone_state_under_tmp() -> Iterator[Path]:
+    """A clone's state folder where newcomers have one: below a 0700 folder (as /root on most
+    machines) below /tmp (writable by everyone): sshd refuses key commands below either, and
+    neither cloudgpu-pg nor nobody can enter it, so the runner must keep the gateway's files
+    (and the cluster) in its own folder elsewhere."""
+    parent = Path(tempfile.mkdtemp(prefix="cloudgpu-clone-", dir="/tmp"))  # 0700
+    state = parent / "checkout" / ".state"
     try:
-        yield parent / "state"
+        yield state
     finally:
         shutil.rmtree(parent, ignore_errors=True)
+        digest = hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:16]
+        for name in (f"gateway-{digest}", f"postgres-{digest}"):
+            shutil.rmtree(SHARED_PGINSTALL_DIR / name, ignore_errors=True)
 
 
 def _sign_in_renter(client: httpx.Client, run: Runner) -> None:
@@ -360,9 +368,11 @@ def test_the_local_trial_gives_a_rental_a_url_that_answers_through_the_gateway(
     """As a newcomer on a machine with Docker and no GPU: the demo agent runs real containers
     (one simulated GPU), the rental's URL answers through the gateway and a command runs in it."""
     require_gateway()
+    if os.geteuid() != 0:
+        pytest.skip("the gateway moves to root's system folder only when the runner is root")
     ssh_port, http_port = free_port(), free_port()
     ports = {"HUB_GATEWAY_SSH_PORT": str(ssh_port), "HUB_GATEWAY_HTTP_PORT": str(http_port)}
-    with _root_owned_state() as state, runner(state, **ports) as run:
+    with _clone_state_under_tmp() as state, runner(state, **ports) as run:
         wait_for(lambda: "Press Ctrl-C" in run.text(), timeout_s=60, what="the runner's summary")
         assert f"gateway    rentals' URLs http://<id>-i.localhost:{http_port}/" in run.text()
         assert "no tunnel gateway" not in run.text()
@@ -426,11 +436,39 @@ def test_the_local_trial_gives_a_rental_a_url_that_answers_through_the_gateway(
         started = _started_processes(run)
         assert any("nginx" in cmdline for cmdline in started.values())
 
+        # Ctrl-C ends the trial's rentals first (issue 34 item 9): the container goes, and
+        # the lease is over for billing and for the next run.
         run.process.send_signal(signal.SIGINT)
-        assert run.process.wait(timeout=90) == 0
+        assert run.process.wait(timeout=120) == 0
+        assert "1 of 1 lease(s)" in run.text(), run.text()
+        assert _lease_containers(lease_id) == []
+        shown = subprocess.run(
+            [
+                *(sys.executable, "-m", "hub.runner", "exec", "--state", str(state), "--"),
+                *(sys.executable, "manage.py", "hub", "lease", "show", lease_id),
+            ],
+            cwd=REPO_ROOT,
+            env={k: v for k, v in os.environ.items() if k not in _SERVICE_VARS},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        assert f"lease {lease_id}: ended (admin)" in shown.stdout, shown.stdout + shown.stderr
 
     left = {p.pid: cmdline for p, cmdline in started.items() if _still_running(p)}
     assert left == {}, f"left running: {left}"
+
+
+def _lease_containers(lease_id: str) -> list[str]:
+    listed = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label={LABEL_LEASE}={lease_id}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return listed.stdout.split()
 
 
 # --- a checkout under a 0700 folder (issue 20 item 12) ------------------------------------------

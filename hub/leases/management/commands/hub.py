@@ -12,6 +12,9 @@ hub lease start --renter USER [--host HOST] [--gpus SELECTION] [--model NAME] --
                                                 SELECTION: all, count=N, 0 or 0,1 (indices),
                                                 GPU-<uuid>,...; without --host only count=N
 hub lease release LEASE_ID [--reason REASON]
+hub lease release-host HOST [--reason REASON] [--wait SECONDS]
+                                                stop every active lease on a host and wait
+                                                up to SECONDS for its agent to end them
 hub lease show LEASE_ID                         state, ports and tunnel URLs
 hub lease access-token LEASE_ID                 the token a --protect lease's URLs need
 hub lease exec LEASE_ID --as ADMIN [--timeout S] -- COMMAND ...
@@ -126,6 +129,12 @@ class Command(BaseCommand):
         release = lease.add_parser("release")
         release.add_argument("lease")
         release.add_argument("--reason", default=Lease.EndReason.ADMIN)
+        release_host = lease.add_parser("release-host")
+        release_host.add_argument("host", help="hostname, id or uuid")
+        release_host.add_argument("--reason", default=Lease.EndReason.ADMIN)
+        release_host.add_argument(
+            "--wait", type=float, default=0, help="wait up to N s for the leases to end"
+        )
         show = lease.add_parser("show")
         show.add_argument("lease")
         access_token = lease.add_parser("access-token", help="print a protected lease's token")
@@ -176,11 +185,32 @@ class Command(BaseCommand):
             self.stdout.write(tunnel_access.issue(lease.pk))
         elif verb == "exec":
             self._exec(options)
+        elif verb == "release-host":
+            self._release_host(options)
         elif verb == "release":
             lease = release_lease(options["lease"], options["reason"])
             self.stdout.write(f"lease {lease.pk}: {lease.state}")
         else:
             self._show(Lease.objects.get(pk=options["lease"]))
+
+    def _release_host(self, options: dict[str, Any]) -> None:
+        host = _host(options["host"])
+        ids = list(
+            Lease.objects.filter(host=host, state__in=Lease.ACTIVE_STATES).values_list(
+                "pk", flat=True
+            )
+        )
+        for lease_id in ids:
+            release_lease(lease_id, options["reason"])
+        deadline = time.monotonic() + options["wait"]
+        active = Lease.objects.filter(pk__in=ids, state__in=Lease.ACTIVE_STATES)
+        # The agent acks each release once its container is gone; polled, as `start --wait`.
+        while active.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = active.count()
+        self.stdout.write(f"{len(ids) - left} of {len(ids)} lease(s) on {host.label} ended")
+        if left:
+            raise CommandError(f"{left} lease(s) on {host.label} still stopping")
 
     def _exec(self, options: dict[str, Any]) -> None:
         admin = _user(options["admin"])
