@@ -10,7 +10,7 @@ import uuid
 from typing import Any
 
 from hub.lib.ports import free_port
-from tests.hub.test_runner import _demo_passwords, _root_owned_state, runner
+from tests.hub.test_runner import _clone_state_under_tmp, _demo_passwords, runner
 from tests.support import terminal_page
 from tests.support.gateway import require_gateway
 from tests.support.polling import wait_for
@@ -26,7 +26,7 @@ def test_a_newcomer_rents_in_the_local_trial_and_uses_the_url_and_the_terminal(
     require_gateway()
     ssh_port, http_port = free_port(), free_port()
     ports = {"HUB_GATEWAY_SSH_PORT": str(ssh_port), "HUB_GATEWAY_HTTP_PORT": str(http_port)}
-    with _root_owned_state() as state, runner(state, **ports) as run:
+    with _clone_state_under_tmp() as state, runner(state, **ports) as run:
         wait_for(lambda: "Press Ctrl-C" in run.text(), timeout_s=60, what="the runner's summary")
         context = browser.new_context(viewport={"width": 1200, "height": 800})
         page = context.new_page()
