@@ -101,6 +101,16 @@ class TokenRejected(Exception):
     """The hub refused our token at the handshake (HTTP 401/403)."""
 
 
+class TrialFailed(Exception):
+    """``run --trial`` did not hold up for its window; the message says why, in one line."""
+
+
+# Close codes a hub may use to refuse a token after accepting the socket (smoke.py too).
+TOKEN_CLOSE_CODES = {4001, 4003, 4401, 4403}
+# How often `run --trial` asks the runtime for its GPUs while it waits out its window.
+TRIAL_POLL_S = 5.0
+
+
 class _NoRedirects(connect):
     """websockets follows redirects and re-sends every header, Authorization included, to
     whatever host the redirect names; a hub never redirects its agents, so refuse."""
@@ -307,15 +317,7 @@ class Agent:
         except InvalidStatus as exc:
             raise classify_handshake_error(exc) from None
         async with connection as ws:
-            gpus = await self.runtime.gpus()
-            register = register_message(
-                self.state.agent_id,
-                claim_states(self.state),
-                self.runtime.name,
-                gpus,
-                await self.runtime.host_facts(),
-            )
-            await ws.send(encode(register))
+            await ws.send(encode(await self._registration()))
             welcome = await asyncio.wait_for(self._await_welcome(ws), WELCOME_TIMEOUT_S)
             bind(host_id=welcome.host_id)  # every later log line of this connection says so
             log.info("connected to the hub as host %s", welcome.host_id)
@@ -347,6 +349,60 @@ class Agent:
             for task in done:
                 if not task.cancelled() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
+
+    async def _registration(self, *, probe: bool = False) -> Register:
+        """The ``register`` frame, built the same way for a session and for ``run --trial``'s
+        probe (which the hub answers without replacing the running agent's connection)."""
+        gpus = await self.runtime.gpus()
+        register = register_message(
+            self.state.agent_id,
+            claim_states(self.state),
+            self.runtime.name,
+            gpus,
+            await self.runtime.host_facts(),
+        )
+        return dataclasses.replace(register, probe=True) if probe else register
+
+    # --- run --trial ----------------------------------------------------------------------
+
+    async def trial(self, window_s: float, stop: asyncio.Event) -> str:
+        """``run --trial``: after ``run``'s own start-up, one probe registration with the hub,
+        then ``window_s`` seconds up asking the runtime for its GPUs now and then; the host id
+        the hub answered with. Never ``run()``: no adoption of containers, no claims, no
+        watchers, and nothing written to the state folder (an agent may be running on it).
+        Raises TrialFailed (or whatever crashed) if it does not hold up."""
+        end = time.monotonic() + window_s
+        try:
+            host_id = await asyncio.wait_for(self._probe(), WELCOME_TIMEOUT_S)
+            # The probe socket is closed at once: the hub closes a socket that has not
+            # registered within 30 s (AGENT_REGISTER_TIMEOUT_S), and a probe never does.
+            while (left := end - time.monotonic()) > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=min(TRIAL_POLL_S, left))
+                if stop.is_set():
+                    raise TrialFailed(f"stopped by a signal before its {window_s:g} s were up")
+                await self.runtime.gpus()
+                await self.runtime.gpu_health()
+        finally:
+            await self.runtime.close()
+        return host_id
+
+    async def _probe(self) -> str:
+        try:
+            connection = await open_connection(self.config)
+        except InvalidStatus as exc:
+            raise classify_handshake_error(exc) from None
+        async with connection as ws:
+            await ws.send(encode(await self._registration(probe=True)))
+            try:
+                welcome = await self._await_welcome(ws)
+            except ConnectionClosed as exc:
+                if exc.rcvd is not None and exc.rcvd.code in TOKEN_CLOSE_CODES:
+                    raise TokenRejected(
+                        f"the hub closed the connection: {exc.rcvd.reason}"
+                    ) from None
+                raise
+        return welcome.host_id
 
     async def _await_welcome(self, ws: ClientConnection) -> Welcome:
         while True:

@@ -38,7 +38,9 @@ from supplier_agent.state import StateInUse
 if TYPE_CHECKING:  # the runtimes import Docker or the mock lazily, per command
     from pathlib import Path
 
+    from supplier_agent.agent import Agent
     from supplier_agent.runtime import Runtime
+    from supplier_agent.state import AgentState
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NO_ANSWER, EXIT_TOKEN_REJECTED = 0, 1, 2, 3, 4
 
@@ -59,10 +61,22 @@ def build_parser() -> argparse.ArgumentParser:
             "configure", help="write the config file; the supplier token is read from stdin"
         )
     )
-    configure.add_argument(
-        "--hub", required=True, help="the hub's URL, e.g. https://hub.example.com"
-    )
+    # Not required=True: with --update the existing config may name the hub (checked in
+    # cmd_configure, still a usage error without either).
+    configure.add_argument("--hub", help="the hub's URL, e.g. https://hub.example.com")
     configure.add_argument("--runtime", choices=RUNTIMES, help="docker (default) or mock")
+    configure.add_argument(
+        "--update",
+        action="store_true",
+        help="start from the existing config: keep its token and every setting not given here, "
+        "unknown ones included; the token on stdin is optional (an empty line keeps it)",
+    )
+    configure.add_argument(
+        "--output",
+        metavar="PATH",
+        help="write the config to PATH instead of the state folder's (install.sh stages it there, "
+        "checks it with CLOUDGPU_CONFIG=PATH, then renames it into place)",
+    )
     configure.add_argument(
         "--driver",
         help="the seed's name for --runtime: docker or mock; nerdctl, udocker, host, none and "
@@ -75,9 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="agent_dial: this agent connects out (the only mode; server_dial is refused: the "
         "hub never dials suppliers)",
     )
-    configure.add_argument("--compute-mode", choices=COMPUTE_MODES, default="best-effort")
-    configure.add_argument("--gpu-devices", choices=GPU_DEVICES, default="nvidia")
-    configure.add_argument("--lock-dir", default="/var/lock")
+    # No argparse defaults below: --update must tell "not given" (keep) from a value.
+    configure.add_argument(
+        "--compute-mode", choices=COMPUTE_MODES, help=f"default {CONFIG_DEFAULTS['compute_mode']}"
+    )
+    configure.add_argument(
+        "--gpu-devices", choices=GPU_DEVICES, help=f"default {CONFIG_DEFAULTS['gpu_devices']}"
+    )
+    configure.add_argument("--lock-dir", help=f"default {CONFIG_DEFAULTS['lock_dir']}")
     configure.add_argument(
         "--reserve-memory-mib",
         help="memory kept from rentals for the host and the agent (default: 10%% of RAM, "
@@ -136,6 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--lock-dir")
     run.add_argument("--log-level")
+    run.add_argument(
+        "--trial",
+        type=_trial_seconds,
+        metavar="SECONDS",
+        help="start as `run` does, reach the hub with a probe (a running agent keeps its "
+        "connection), stay up SECONDS, then exit 0, or 1 with the reason; takes no lock on the "
+        "state folder, claims no GPU, touches no container, serves no metrics (`upgrade "
+        "--no-systemd` and install.sh try a new version this way before switching to it)",
+    )
 
     smoke = with_state(commands.add_parser("smoke", help="one handshake with the hub, then exit"))
     smoke.add_argument("--hub")
@@ -206,7 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=30,
         metavar="S",
-        help="after the restart, roll back unless the service stays up S seconds (default 30)",
+        help="after the restart, roll back unless the service stays up S seconds (default "
+        "30); with --no-systemd the new version runs `run --trial S` before the switch instead",
     )
     return parser
 
@@ -224,8 +253,20 @@ def _read_token() -> str:
     return sys.stdin.readline()
 
 
+# What a new config says for settings not given (load() has the same defaults). An --update
+# never adds them: a key the existing file lacks keeps meaning "the agent's default".
+CONFIG_DEFAULTS = {
+    "runtime": "docker",
+    "compute_mode": "best-effort",
+    "gpu_devices": "nvidia",
+    "lock_dir": "/var/lock",
+}
+
+
 def cmd_configure(args: argparse.Namespace) -> int:
     from pathlib import Path
+
+    from supplier_agent.config import CONFIG_NAME, read_file
 
     if args.driver and args.runtime and args.driver != args.runtime:
         print(
@@ -234,51 +275,69 @@ def cmd_configure(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    runtime = runtime_for_driver(args.driver) if args.driver else args.runtime or "docker"
+    state_dir = Path(args.state) if args.state else default_state_dir()
+    # --update starts from the state folder's config, never from --output's (that one is new).
+    existing = state_dir / CONFIG_NAME
+    base = read_file(state_dir, existing) if args.update else {}
+    hub = args.hub or base.get("hub")
+    if not hub:
+        where = f" ({existing} names no hub)" if args.update else ""
+        print(f"cloudgpu-agent configure: --hub URL is needed{where}", file=sys.stderr)
+        return EXIT_USAGE
+    runtime = runtime_for_driver(args.driver) if args.driver else args.runtime
     check_connect_mode(args.connect_mode)
-    websocket_url(args.hub)
-    token = validate_token(_read_token())
+    websocket_url(hub)
+    text = _read_token()
+    if args.update and not text.strip() and base.get("token"):
+        text = base["token"]  # an empty line (or none) keeps the current token
+    token = validate_token(text)
     try:
         parse_reserve(args.reserve_memory_mib, args.reserve_cpus)
         parse_allowed(args.allow_networks)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    state_dir = Path(args.state) if args.state else default_state_dir()
+    output = Path(args.output) if args.output else None
     try:
-        path = _write_config(state_dir, args, runtime, token)
+        path = _write_config(
+            state_dir, args, hub, runtime, token, output, existing if args.update else None, base
+        )
     except OSError as exc:
         # Exit 1 with the reason, not a traceback: installers show this line to suppliers.
-        raise ConfigError(f"cannot write the config in {state_dir}: {exc.strerror}") from None
+        folder = output.parent if output else state_dir
+        raise ConfigError(f"cannot write the config in {folder}: {exc.strerror}") from None
     print(f"wrote {path} (mode 0600)")
     return EXIT_OK
 
 
-def _write_config(state_dir: Path, args: argparse.Namespace, runtime: str, token: str) -> Path:
-    return write_file(
-        state_dir,
-        {
-            "hub": args.hub,
-            "token": token,
-            "runtime": runtime,
-            "compute_mode": args.compute_mode,
-            "gpu_devices": args.gpu_devices,
-            "lock_dir": args.lock_dir,
-            **{
-                key: value
-                for key, value in (
-                    ("reserve_memory_mib", args.reserve_memory_mib),
-                    ("reserve_cpus", args.reserve_cpus),
-                    ("allow_networks", args.allow_networks),
-                    (
-                        "accept_container_escape_risk",
-                        "1" if args.accept_container_escape_risk else "",
-                    ),
-                    ("allow_local_images", "1" if args.allow_local_images else ""),
-                )
-                if value
-            },
-        },
-    )
+def _write_config(
+    state_dir: Path,
+    args: argparse.Namespace,
+    hub: str,
+    runtime: str | None,
+    token: str,
+    output: Path | None,
+    base_path: Path | None,
+    base: dict[str, str],
+) -> Path:
+    """Only what was given goes over ``base`` (the existing settings, with --update); a new
+    config (no base) also gets CONFIG_DEFAULTS, as before --update existed."""
+    given = {
+        "hub": hub,
+        "token": token,
+        "runtime": runtime,
+        "compute_mode": args.compute_mode,
+        "gpu_devices": args.gpu_devices,
+        "lock_dir": args.lock_dir,
+        "reserve_memory_mib": args.reserve_memory_mib,
+        "reserve_cpus": args.reserve_cpus,
+        "allow_networks": args.allow_networks,
+        "accept_container_escape_risk": "1" if args.accept_container_escape_risk else None,
+        "allow_local_images": "1" if args.allow_local_images else None,
+    }
+    values = {key: value for key, value in given.items() if value}
+    if not base:
+        values = {"hub": hub, "token": token, **CONFIG_DEFAULTS, **values}
+    return write_file(state_dir, values, path=output, base=base_path)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -324,20 +383,100 @@ def _setup_logging(level: str) -> None:
     logging.getLogger("websockets").setLevel(logging.WARNING)
 
 
-def cmd_run(
-    config: AgentConfig, metrics_address: str | None = None, metrics_token_file: str | None = None
-) -> int:
+MAX_TRIAL_S = 3600.0
+
+
+def _trial_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    # 0: start up and reach the hub, then exit (`upgrade --health-window 0`).
+    if not 0 <= seconds <= MAX_TRIAL_S:
+        raise argparse.ArgumentTypeError(f"0 to {MAX_TRIAL_S:g} seconds, not {text}")
+    return seconds
+
+
+def _start_agent(config: AgentConfig, *, trial: bool) -> tuple[AgentState, Runtime, Agent]:
+    """``run``'s start-up after logging, shared with ``run --trial`` so that a version whose
+    start-up crashes fails its trial: the state, the runtime (Docker client, NVML), the Agent."""
     from supplier_agent.agent import Agent
     from supplier_agent.logjson import bind
     from supplier_agent.state import AgentState, lock_state_dir
 
-    native_memory.limit_arenas()  # before any thread: each thread's arena is made on first use
-    _setup_logging(config.log_level)
-    lock_state_dir(config.state_dir)  # held until the process exits
-    state = AgentState(config.state_dir)
+    if not trial:
+        lock_state_dir(config.state_dir)  # held until the process exits
+    # A trial reads the state as smoke does: the agent it may replace could be running on it.
+    state = AgentState(config.state_dir, read_only=trial)
     bind(agent_id=state.agent_id)
     runtime = make_runtime(config, state.agent_id)
-    agent = Agent(config, runtime, state)
+    return state, runtime, Agent(config, runtime, state)
+
+
+def _run_trial(config: AgentConfig, window_s: float) -> int:
+    """``run --trial``: 0 if this version started and held up for ``window_s``; else 1 and one
+    line on stderr saying why (after the traceback, in the log, when it crashed)."""
+    from websockets.exceptions import ConnectionClosed, InvalidHandshake
+
+    from supplier_agent.agent import TokenRejected, TrialFailed
+    from supplier_agent.protocol import ProtocolError
+
+    log = logging.getLogger("cloudgpu.agent")
+
+    async def trial(agent: Agent) -> str:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        return await agent.trial(window_s, stop)
+
+    try:
+        state, _runtime, agent = _start_agent(config, trial=True)
+        log.info(
+            "cloudgpu-agent %s trial run for %g s (runtime %s, hub %s, agent id %s)",
+            *(__version__, window_s, config.runtime, config.ws_url, state.agent_id),
+        )
+        host_id = asyncio.run(trial(agent))
+    except (ConfigError, StateInUse):
+        raise  # main() prints these as for `run`
+    except TokenRejected as exc:
+        reason = f"{exc}; check the token with `cloudgpu-agent smoke`"
+    except (TimeoutError, asyncio.TimeoutError):
+        reason = f"no answer from {config.ws_url} within 10 s"
+    except (OSError, InvalidHandshake, ConnectionClosed, ProtocolError) as exc:
+        reason = f"could not reach the hub at {config.ws_url}: {type(exc).__name__}: {exc}"
+    except TrialFailed as exc:
+        reason = str(exc)
+    except Exception as exc:
+        log.exception("the trial run crashed")  # the traceback, for the log
+        first = (str(exc).splitlines() or [""])[0]
+        reason = f"it crashed: {type(exc).__name__}" + (f": {first}" if first else "")
+    else:
+        print(
+            f"run --trial: cloudgpu-agent {__version__} started and stayed up {window_s:g} s "
+            f"(the hub knows this machine as host {host_id})"
+        )
+        return EXIT_OK
+    print(
+        f"cloudgpu-agent run --trial: version {__version__} did not hold up: {reason}",
+        file=sys.stderr,
+    )
+    return EXIT_ERROR
+
+
+def cmd_run(
+    config: AgentConfig,
+    metrics_address: str | None = None,
+    metrics_token_file: str | None = None,
+    trial_s: float | None = None,
+) -> int:
+    """Serve leases until a signal; with ``trial_s``, ``run --trial`` (see _run_trial). Both go
+    through here and _start_agent, so a crash on either path fails the trial."""
+    native_memory.limit_arenas()  # before any thread: each thread's arena is made on first use
+    _setup_logging(config.log_level)
+    if trial_s is not None:
+        return _run_trial(config, trial_s)
+    state, runtime, agent = _start_agent(config, trial=False)
     metrics_server = None
     if metrics_address:
         from supplier_agent import metrics
@@ -479,7 +618,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_smoke(config)
         return cmd_run(
-            config, getattr(args, "metrics", None), getattr(args, "metrics_token_file", None)
+            config,
+            getattr(args, "metrics", None),
+            getattr(args, "metrics_token_file", None),
+            trial_s=getattr(args, "trial", None),
         )
     except (ConfigError, StateInUse) as exc:
         print(f"cloudgpu-agent: {exc}", file=sys.stderr)

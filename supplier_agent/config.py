@@ -1,5 +1,6 @@
 """Agent settings: command-line flag, then ``CLOUDGPU_*`` environment, then the config file
-(``<state>/cloudgpu-agent.conf``, mode 0600, written by ``configure``), then defaults."""
+(``<state>/cloudgpu-agent.conf``, or ``CLOUDGPU_CONFIG`` when set; mode 0600, written by
+``configure``), then defaults."""
 
 from __future__ import annotations
 
@@ -132,14 +133,21 @@ def _positive(name: str, text: str | None) -> float:
     return value
 
 
-def read_file(state_dir: Path) -> dict[str, str]:
-    path = state_dir / CONFIG_NAME
+def config_path(state_dir: Path, env: dict[str, str] | None = None) -> Path:
+    """The config file: ``CLOUDGPU_CONFIG`` when set, else the one in the state folder. The
+    installer points it at a staged file to try a new config before renaming it into place."""
+    env = dict(os.environ) if env is None else env
+    return Path(env["CLOUDGPU_CONFIG"]) if env.get("CLOUDGPU_CONFIG") else state_dir / CONFIG_NAME
+
+
+def _parse(path: Path) -> configparser.ConfigParser | None:
+    """The whole file, every section; None if there is none."""
     parser = configparser.ConfigParser(interpolation=None)
     try:
         with open(path) as handle:
             parser.read_file(handle)
     except FileNotFoundError:
-        return {}
+        return None
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
     except configparser.Error as exc:
@@ -147,22 +155,47 @@ def read_file(state_dir: Path) -> dict[str, str]:
         line = getattr(exc, "lineno", None)
         where = f" (line {line})" if line else ""
         raise ConfigError(f"{path} is not a valid config file{where}") from None
-    return dict(parser["agent"]) if parser.has_section("agent") else {}
+    return parser
 
 
-def write_file(state_dir: Path, values: dict[str, str]) -> Path:
-    """Write the config atomically with mode 0600 (it holds the token)."""
+def read_file(state_dir: Path, path: Path | None = None) -> dict[str, str]:
+    """The ``[agent]`` settings of ``path`` (default: the state folder's config); {} if none."""
+    parser = _parse(path or state_dir / CONFIG_NAME)
+    return dict(parser["agent"]) if parser is not None and parser.has_section("agent") else {}
+
+
+def write_file(
+    state_dir: Path,
+    values: dict[str, str],
+    *,
+    path: Path | None = None,
+    base: Path | None = None,
+) -> Path:
+    """Write the config atomically with mode 0600 (it holds the token) to ``path`` (default:
+    the state folder's config). With ``base``, ``values`` go over that file's: its other keys
+    and sections stay, unknown ones included (a newer or older agent's settings)."""
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = state_dir / CONFIG_NAME
-    parser = configparser.ConfigParser(interpolation=None)
-    parser["agent"] = values
-    tmp = path.with_suffix(".tmp")
+    path = path or state_dir / CONFIG_NAME
+    parser = (_parse(base) if base is not None else None) or configparser.ConfigParser(
+        interpolation=None
+    )
+    if not parser.has_section("agent"):
+        parser.add_section("agent")
+    for key, value in values.items():
+        parser["agent"][key] = value
+    # Beside the target, so the rename is atomic; named after it, so two targets never share.
+    tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        parser.write(handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            parser.write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        # A full disk: no half-written file left behind.
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -170,7 +203,8 @@ def load(flags: dict[str, str | None], env: dict[str, str] | None = None) -> Age
     """Merge flag > CLOUDGPU_* env > config file > default into one checked config."""
     env = dict(os.environ) if env is None else env
     state_dir = Path(flags.get("state") or env.get("CLOUDGPU_STATE_DIR") or default_state_dir())
-    file_values = read_file(state_dir)
+    path = config_path(state_dir, env)
+    file_values = read_file(state_dir, path)
 
     def pick(key: str, default: str | None = None) -> str | None:
         return (
@@ -186,7 +220,7 @@ def load(flags: dict[str, str | None], env: dict[str, str] | None = None) -> Age
     token = pick("token")
     if not token:
         raise ConfigError(
-            f"no supplier token in {state_dir / CONFIG_NAME}; run `cloudgpu-agent configure` "
+            f"no supplier token in {path}; run `cloudgpu-agent configure` "
             "with the token on stdin (or set CLOUDGPU_TOKEN)"
         )
     config = AgentConfig(

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import grp
 import logging
 import os
+import pwd
+import stat
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 
 import requests
 from docker.errors import DockerException, NotFound
@@ -16,7 +19,7 @@ from docker.types.daemon import CancellableStream
 
 from supplier_agent.claims import ClaimManager, ClaimRefused
 from supplier_agent.compat_docker import open_log_stream
-from supplier_agent.config import AgentConfig
+from supplier_agent.config import AgentConfig, ConfigError
 from supplier_agent.container_events import close_stream
 from supplier_agent.containers import (
     LABEL_CLAIM,
@@ -49,6 +52,85 @@ log = logging.getLogger("cloudgpu.agent.docker")
 # At most 4 bytes a character in UTF-8 (6 for an escaped control character): 24 KiB at
 # worst, well inside a 64 KiB frame.
 LOG_TAIL_CHARS = 4000
+# Where the Docker SDK looks without DOCKER_HOST (docker.constants.DEFAULT_UNIX_SOCKET).
+DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock"
+
+
+class DockerUnavailable(ConfigError):
+    """The Docker engine cannot be used from this process (no access to its socket, no daemon):
+    one line with the fix, printed by the CLI like any other setting that cannot work."""
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and everything behind it: requests and urllib3 carry the OS error as a cause, a
+    context, or only as an argument (``ConnectionError(ProtocolError(..., PermissionError))``)."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+        todo.extend(arg for arg in current.args if isinstance(arg, BaseException))
+
+
+def _docker_socket(environ: Mapping[str, str]) -> str | None:
+    """The engine's unix socket as the SDK's ``from_env`` picks it; None for tcp:// or ssh://."""
+    host = environ.get("DOCKER_HOST") or f"unix://{DEFAULT_DOCKER_SOCKET}"
+    for scheme in ("unix://", "http+unix://"):
+        if host.startswith(scheme):
+            return host[len(scheme) :]
+    return host if host.startswith("/") else None
+
+
+def _user_name() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:  # a uid with no passwd entry (a container's, say)
+        return str(os.geteuid())
+
+
+def docker_unavailable(
+    exc: BaseException, environ: Mapping[str, str] | None = None
+) -> DockerUnavailable:
+    """One line for why the Docker engine could not be reached, and what to do about it.
+
+    The SDK's own error is five chained tracebacks deep (PermissionError, urllib3, requests,
+    DockerException, ours); a supplier needs the socket, whose it is and the command to run."""
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    socket_path = _docker_socket(env)
+    where = socket_path or env.get("DOCKER_HOST", "")
+    errors = list(_causes(exc))
+    if socket_path and any(isinstance(e, PermissionError) for e in errors):
+        user = _user_name()
+        try:
+            info = os.stat(socket_path)
+        except OSError:
+            return DockerUnavailable(
+                f"cannot use Docker: this user ({user}) may not open {socket_path} or a folder "
+                f"above it; run the agent as root, or give {user} access to the socket"
+            )
+        try:
+            group = grp.getgrgid(info.st_gid).gr_name
+        except KeyError:
+            group = str(info.st_gid)
+        # Root lacks access only without CAP_DAC_OVERRIDE (a container, a hardened unit).
+        or_root = " (or run the agent as root)" if os.geteuid() != 0 else ""
+        return DockerUnavailable(
+            f"cannot use Docker: this user ({user}) may not open {socket_path} (mode "
+            f"{stat.S_IMODE(info.st_mode):04o}, group {group}); add the user to that group with "
+            f"`sudo usermod -aG {group} {user}` and log in again{or_root}"
+        )
+    if any(isinstance(e, (FileNotFoundError, ConnectionRefusedError)) for e in errors):
+        return DockerUnavailable(
+            f"cannot use Docker: nothing answers at {where}, so the Docker daemon is not "
+            "running; start it (`sudo systemctl start docker`) or point DOCKER_HOST at it"
+        )
+    # Anything else (a tcp:// engine that times out, TLS): what the SDK said, on one line.
+    reason = " ".join(str(exc).split())
+    return DockerUnavailable(f"cannot use Docker at {where}: {reason}")
 
 
 class DockerRuntime:
@@ -56,23 +138,30 @@ class DockerRuntime:
 
     def __init__(self, config: AgentConfig, agent_id: str) -> None:
         self.agent_id = agent_id
+        # Docker first: a host whose engine this user cannot reach fails with its one line
+        # (DockerUnavailable) before NVML is asked anything.
+        try:
+            self.containers = ContainerRuntime(
+                gpu_devices=config.gpu_devices,
+                reserve=config.reserve,
+                egress=EgressPolicy(config.allow_networks),
+                toolkit_risk_accepted=config.accept_container_escape_risk,
+                log_max_bytes=int(config.container_log_mib * 1024 * 1024),
+                allow_local_images=config.allow_local_images,
+                default_disk_allowance=int(config.disk_allowance_gib * 1024**3),
+            )
+        except (ContainerError, DockerException) as exc:
+            if isinstance(exc, ContainerError) and not isinstance(exc.__cause__, DockerException):
+                raise
+            raise docker_unavailable(exc) from None
         self.nvml = Nvml()
         self.health = HealthWatch(self.nvml)
+        self.containers.host_gpus = max(1, self.nvml.gpu_count())
         self.claims = ClaimManager(
             config.lock_dir,
             self.nvml,
             config.compute_mode,
             {"agent_id": agent_id, "pid": os.getpid()},
-        )
-        self.containers = ContainerRuntime(
-            gpu_devices=config.gpu_devices,
-            host_gpus=max(1, self.nvml.gpu_count()),
-            reserve=config.reserve,
-            egress=EgressPolicy(config.allow_networks),
-            toolkit_risk_accepted=config.accept_container_escape_risk,
-            log_max_bytes=int(config.container_log_mib * 1024 * 1024),
-            allow_local_images=config.allow_local_images,
-            default_disk_allowance=int(config.disk_allowance_gib * 1024**3),
         )
         self.janitor = VolumeJanitor(
             self.containers.client,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +22,9 @@ SERVICE = "cloudgpu-agent"
 DEFAULT_PREFIX = Path("/opt/cloudgpu-agent")
 DEFAULT_UNIT_DIR = Path("/etc/systemd/system")
 SYSTEMCTL_TIMEOUT_S = 120
+# sd_booted(3): systemd is the running init exactly when this folder exists. A container or a
+# WSL or OpenRC host may have systemctl installed and still no systemd to talk to.
+SYSTEMD_RUNNING_DIR = Path("/run/systemd/system")
 
 # systemd splits ExecStart on whitespace and expands %, $, quotes and backslashes: paths with any
 # of them would need escaping we would rather not get subtly wrong, so they are refused.
@@ -197,10 +201,24 @@ def uninstall_service(unit_dir: Path | None, *, no_systemd: bool) -> int:
     return 0
 
 
-def _service_status() -> dict[str, str]:
+def systemd_problem() -> str | None:
+    """Why ``upgrade`` could not restart the service on this host, or None. Asked before
+    anything is downloaded: finding out at the restart cost a download, a build and a smoke."""
+    if not SYSTEMD_RUNNING_DIR.is_dir():
+        return f"systemd is not running on this host ({SYSTEMD_RUNNING_DIR} does not exist)"
+    if shutil.which("systemctl") is None:
+        return "systemctl is not on PATH"
+    load = _service_status("LoadState").get("LoadState") or "unknown"
+    if load != "loaded":
+        return f"the {UNIT_NAME} unit is not installed (systemd says LoadState={load})"
+    return None
+
+
+def _service_status(*properties: str) -> dict[str, str]:
+    properties = properties or ("ActiveState", "MainPID", "NRestarts")
     try:
         result = subprocess.run(
-            ["systemctl", "show", SERVICE, "-p", "ActiveState", "-p", "MainPID", "-p", "NRestarts"],
+            ["systemctl", "show", SERVICE, *(arg for p in properties for arg in ("-p", p))],
             capture_output=True,
             text=True,
             timeout=SYSTEMCTL_TIMEOUT_S,

@@ -12,6 +12,7 @@ import sys
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from supplier_agent.agent import (
+    TOKEN_CLOSE_CODES,
     WELCOME_TIMEOUT_S,
     TokenRejected,
     classify_handshake_error,
@@ -29,9 +30,6 @@ from supplier_agent.protocol import (
     parse_message,
 )
 from supplier_agent.state import load_agent_id
-
-# Close codes a hub may use to refuse a token after accepting the socket.
-TOKEN_CLOSE_CODES = {4001, 4003, 4401, 4403}
 
 
 async def _handshake(config: AgentConfig) -> Welcome:

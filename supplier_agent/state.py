@@ -73,6 +73,29 @@ def lock_state_dir(state_dir: Path) -> int:
     return fd
 
 
+def lock_holder(state_dir: Path) -> str | None:
+    """The pid (as its lock file says) of the agent running on ``state_dir``, or None when none
+    is. For ``upgrade --no-systemd``, which must say whether an agent still runs the old version.
+    The shared lock taken to find out is held for an instant; an agent starting in exactly that
+    instant would be refused (StateInUse), so this is only for answers a person reads."""
+    try:
+        fd = os.open(state_dir / "agent.lock", os.O_RDONLY)
+    except OSError:
+        return None  # no lock file: no agent ever ran here (or we may not read it: say nothing)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        return None  # closing the descriptor below drops our shared lock
+    finally:
+        os.close(fd)
+
+
+class ReadOnlyState(RuntimeError):
+    """A write to a state folder opened read-only (``run --trial``): a bug, never a user error."""
+
+
 @dataclass
 class Claim:
     lease_id: str
@@ -86,9 +109,13 @@ class Claim:
 
 
 class AgentState:
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, *, read_only: bool = False) -> None:
+        """``read_only``: for ``run --trial``, which reads the state while the agent may be
+        running on it (as ``smoke`` does): no journal compaction, and any write raises."""
         self.dir = state_dir
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.read_only = read_only
+        if not read_only:
+            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.agent_id = self._load_agent_id()
         self.claims: dict[str, Claim] = {
             lease_id: Claim(**value)
@@ -118,9 +145,14 @@ class AgentState:
                 continue  # a line torn by a crash mid-write
         while len(answers) > MAX_REMEMBERED_COMMANDS:
             answers.popitem(last=False)
-        # Compact on start so the journal stays bounded.
-        _write_lines(path, answers)
+        # Compact on start so the journal stays bounded (the running agent's job, not a trial's).
+        if not self.read_only:
+            _write_lines(path, answers)
         return answers
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise ReadOnlyState(f"the state in {self.dir} was opened read-only")
 
     # --- commands ---------------------------------------------------------------------------
 
@@ -129,6 +161,7 @@ class AgentState:
         return None if stored is None else dict(json.loads(stored))
 
     def remember_answer(self, command_id: str, ack: dict[str, Any]) -> None:
+        self._writable()
         self.answers[command_id] = json.dumps(ack)
         with open(self.dir / "commands.jsonl", "a") as journal:
             journal.write(json.dumps({"command_id": command_id, "ack": ack}) + "\n")
@@ -152,6 +185,7 @@ class AgentState:
         return newest if epoch < newest else None
 
     def note_epoch(self, gpu_indices: list[int] | tuple[int, ...], epoch: int) -> None:
+        self._writable()
         for index in gpu_indices:
             self.epochs[index] = max(epoch, self.epochs.get(index, -1))
         _write_atomic(self.dir / "epochs.json", {str(k): v for k, v in self.epochs.items()})
@@ -167,6 +201,7 @@ class AgentState:
             self._save_claims()
 
     def _save_claims(self) -> None:
+        self._writable()
         _write_atomic(self.dir / "claims.json", {k: asdict(v) for k, v in self.claims.items()})
 
 

@@ -10,6 +10,13 @@ Nothing changes until the new version has passed ``version`` and ``smoke`` from 
 virtualenv; a failure deletes the side virtualenv and leaves the running one alone. The previous
 version's folder stays for one manual rollback. Containers are never touched: they belong to
 dockerd and the restarted agent re-adopts them.
+
+Under systemd the new version must then stay up ``--health-window`` seconds after the restart,
+or the link is swapped back. With ``--no-systemd`` nobody here can restart the agent, so the
+window is spent before the switch instead: ``run --trial`` runs the new version's real start-up
+(state, Docker/NVML, a probe to the hub) for that long, without the state lock, GPUs or
+containers, and a version that crashes there is deleted unswitched. Without that flag a host
+with no systemd, or no unit, is refused before anything is downloaded.
 """
 
 from __future__ import annotations
@@ -31,8 +38,10 @@ from supplier_agent.service import (
     SYSTEMCTL_TIMEOUT_S,
     ServiceError,
     require_root,
+    systemd_problem,
     watch_service,
 )
+from supplier_agent.state import lock_holder
 from supplier_agent.upgrade_fetch import (
     Deadline,
     Release,
@@ -48,6 +57,8 @@ __all__ = ["UpgradeError", "release_url_for", "upgrade"]
 VENV_TIMEOUT_S = 300
 PIP_TIMEOUT_S = 1800
 CHECK_TIMEOUT_S = 60  # smoke gives up after 10 s itself
+# `run --trial` gets its window plus this for its start-up (imports, Docker, NVML, the probe).
+TRIAL_SLACK_S = 60
 DEADLINE_S = 600  # the whole upgrade, as the README promises; the rollback is not counted
 HEALTH_WINDOW_S = 30
 LEGACY_PREVIOUS = "venv.previous"
@@ -108,10 +119,47 @@ def _free_dir(venvs: Path, version: str) -> Path:
     return candidate
 
 
-def _build_side_venv(
-    target: Path, wheel: Path, release: Release, state_dir: Path, deadline: Deadline
+def _trial_run(
+    agent: str, state_dir: Path, version: str, window_s: float, deadline: Deadline
 ) -> None:
-    """Create ``target`` with the wheel installed and prove it works; delete it if not."""
+    """``run --trial`` of the new version, for ``--no-systemd``: its real start-up and
+    ``window_s`` seconds up, next to the running agent. Raises with the trial's own last line."""
+    what = "the trial run"
+    step_limit_s = window_s + TRIAL_SLACK_S
+    timeout_s = deadline.limit(what, step_limit_s)
+    argv = [agent, "run", "--trial", f"{window_s:g}", "--state", str(state_dir)]
+    result = _run(argv, timeout_s)
+    if result.returncode == 0:
+        return
+    if result.returncode == 2 and "unrecognized arguments: --trial" in result.stderr:
+        # A version from before `run --trial` (--allow-downgrade): nothing to try it with.
+        print(f"upgrade: warning: version {version} has no `run --trial`; switching untried")
+        return
+    if result.returncode == 124:
+        if timeout_s < step_limit_s:
+            raise deadline.overran(f"during {what}")
+        raise UpgradeError(
+            f"version {version} hung in its trial run: no end after {timeout_s:.0f} s"
+        )
+    lines = (result.stderr.strip() or result.stdout.strip()).splitlines()
+    reason = lines[-1].strip() if lines else f"exit {result.returncode}, no output"
+    # The lines before it are the end of its log: a crash's traceback.
+    tail = "".join(f"\n    {line}" for line in lines[-9:-1])
+    raise UpgradeError(
+        f"version {version} failed its {window_s:g} s trial run (`run --trial`): {reason}{tail}"
+    )
+
+
+def _build_side_venv(
+    target: Path,
+    wheel: Path,
+    release: Release,
+    state_dir: Path,
+    deadline: Deadline,
+    trial_s: float | None = None,
+) -> None:
+    """Create ``target`` with the wheel installed and prove it works (``version``, ``smoke``,
+    and with ``trial_s`` a ``run --trial`` that long); delete it if not."""
     python, agent = str(target / "bin" / "python"), str(target / "bin" / "cloudgpu-agent")
     pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input"]
     try:
@@ -134,6 +182,9 @@ def _build_side_venv(
             _step("smoke", [agent, "smoke", "--state", str(state_dir)], CHECK_TIMEOUT_S, deadline)
         except UpgradeError as exc:
             raise UpgradeError(f"version {release.version} failed its smoke test: {exc}") from None
+        if trial_s is not None:
+            print(f"upgrade: trial run of {release.version} for {trial_s:g} s (`run --trial`)")
+            _trial_run(agent, state_dir, release.version, trial_s, deadline)
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         raise
@@ -202,6 +253,23 @@ def _restart_and_watch(version: str, health_window_s: float, deadline: Deadline)
     return watch_service(health_window_s)
 
 
+def _say_who_restarts(state_dir: Path, link: Path, version: str) -> None:
+    """--no-systemd: this command restarts nothing; say whether an agent still runs the old
+    version, so nobody believes the new one is live."""
+    start = f"{link}/bin/cloudgpu-agent run --state {state_dir}"
+    pid = lock_holder(state_dir)
+    if pid is not None:
+        print(
+            f"upgrade: --no-systemd: an agent (pid {pid}) is running on {state_dir} and still "
+            f"runs {__version__}: whoever started it must restart it to run {version} ({start})"
+        )
+    else:
+        print(
+            f"upgrade: --no-systemd: no agent is running on {state_dir} now; started again "
+            f"({start}), it runs {version}"
+        )
+
+
 def upgrade(
     prefix: Path,
     state_dir: Path,
@@ -213,8 +281,13 @@ def upgrade(
     deadline_s: float = DEADLINE_S,
     health_window_s: float = HEALTH_WINDOW_S,
 ) -> int:
+    # Checked before anything is downloaded or changed, not at the restart.
+    if not no_systemd and (why := systemd_problem()) is not None:
+        raise UpgradeError(
+            f"cannot restart the agent: {why}; nothing was changed. Rerun with --no-systemd "
+            "(the new version gets a trial run instead, then you restart the agent yourself)"
+        )
     try:
-        # Checked before anything changes, not at the restart.
         require_root(no_systemd, "--no-systemd and restart the agent yourself")
     except ServiceError as exc:
         raise UpgradeError(str(exc)) from None
@@ -248,7 +321,10 @@ def upgrade(
             venvs.mkdir(mode=0o755, exist_ok=True)
             target = _free_dir(venvs, release.version)
             try:
-                _build_side_venv(target, wheel, release, state_dir, deadline)
+                # Without systemd nothing watches the new version after the switch: its
+                # health window is a trial run before it.
+                trial_s = health_window_s if no_systemd else None
+                _build_side_venv(target, wheel, release, state_dir, deadline, trial_s)
             except UpgradeError as exc:
                 raise UpgradeError(
                     f"{exc}\nrolled back: removed {target}; {link} still runs {__version__}"
@@ -256,7 +332,7 @@ def upgrade(
         previous = _swap(prefix, target)
         print(f"upgrade: {link} -> {target}")
         if no_systemd:
-            print(f"--no-systemd: not running: systemctl restart {SERVICE}")
+            _say_who_restarts(state_dir, link, release.version)
         elif (why := _restart_and_watch(release.version, health_window_s, deadline)) is not None:
             _swap_back(prefix, previous, target)
             back = _run(["systemctl", "restart", SERVICE], SYSTEMCTL_TIMEOUT_S)

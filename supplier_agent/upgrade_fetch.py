@@ -111,7 +111,25 @@ class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-def _open(url: str, step: str, deadline: Deadline) -> Any:
+def _set_read_timeout(response: Any, seconds: float) -> bool:
+    """Give the response's socket a new timeout for the next read; False where it cannot be
+    reached. urllib sets the timeout once, at the open, from what the budget had left then; a
+    download must wait no longer per read than what it has left now. The socket sits behind
+    the standard library's ``SocketIO._sock`` (as in compat_docker.py): checked, never assumed."""
+    sock = getattr(getattr(getattr(response, "fp", None), "raw", None), "_sock", None)
+    settimeout = getattr(sock, "settimeout", None)
+    if not callable(settimeout):
+        return False
+    settimeout(seconds)
+    return True
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
+
+
+def _open(url: str, step: str, deadline: Deadline) -> tuple[Any, float]:
+    """The open response and the timeout its socket got (the 30 s, or less budget left)."""
     check_url(url)
     handlers: list[urllib.request.BaseHandler] = [_CheckedRedirects()]
     if is_loopback(urlsplit(url).hostname or ""):
@@ -123,7 +141,7 @@ def _open(url: str, step: str, deadline: Deadline) -> Any:
     )
     timeout_s = deadline.limit(step, HTTP_TIMEOUT_S)
     try:
-        return opener.open(request, timeout=timeout_s)
+        return opener.open(request, timeout=timeout_s), timeout_s
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             host = urlsplit(url).netloc
@@ -145,7 +163,8 @@ def _open(url: str, step: str, deadline: Deadline) -> Any:
 
 def fetch_release(url: str, deadline: Deadline) -> Release:
     step = "reading the release description"
-    with _open(url, step, deadline) as response:
+    response, _timeout_s = _open(url, step, deadline)
+    with response:
         try:
             body = response.read(MAX_RELEASE_BYTES + 1)
         except (OSError, http.client.HTTPException):
@@ -184,19 +203,27 @@ def download(url: str, dest: Path, deadline: Deadline) -> str:
     step = "downloading the wheel"
     digest = hashlib.sha256()
     size = 0
-    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as out, _open(url, step, deadline) as response:
+    response, idle_s = _open(url, step, deadline)
+    with (
+        response,
+        os.fdopen(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out,
+    ):
         while True:
-            if deadline.remaining() <= 0:
+            left = deadline.remaining()
+            if left <= 0:
                 raise deadline.overran(f"{step} ({size} bytes of {url} so far)")
+            # Each read waits at most 30 s, and never past the budget; the message then says
+            # the limit that ran out (it used to say 30 s under `--timeout 25`).
+            if _set_read_timeout(response, min(HTTP_TIMEOUT_S, left)):
+                idle_s = min(HTTP_TIMEOUT_S, left)
             try:
                 # read1: whatever has arrived, so a slow sender cannot hold us past the budget.
                 chunk = response.read1(1 << 16)
             except TimeoutError:
-                raise UpgradeError(
-                    f"timed out {step}: {url} sent nothing for {HTTP_TIMEOUT_S} s "
-                    f"({size} bytes so far)"
-                ) from None
+                silent = f"{url} sent nothing for {_seconds(idle_s)} s ({size} bytes so far)"
+                if idle_s < HTTP_TIMEOUT_S:  # the budget, not the sender's 30 s, ran out
+                    raise deadline.overran(f"{step}: {silent}") from None
+                raise UpgradeError(f"timed out {step}: {silent}") from None
             except (OSError, http.client.HTTPException):
                 raise UpgradeError(
                     f"incomplete download of {url}: the connection broke after {size} bytes; "

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +31,7 @@ from tests.support.processes import REPO_ROOT
 GOOD_VERSION = "99.0.0"
 BROKEN_VERSION = "99.0.1"
 PIP_TIMEOUT_S = 600
+TRIAL_WINDOW_S = 2  # `upgrade --no-systemd --health-window`: the new version's `run --trial`
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,8 @@ class Site:
                 "--no-systemd",
                 "--release-url",
                 release_url,
+                # The trial run before the switch lasts the health window: 30 s by default.
+                *("--health-window", str(TRIAL_WINDOW_S)),
                 *extra,
             ],
             capture_output=True,
@@ -243,13 +247,39 @@ def test_upgrade_switches_the_venv_symlink_to_the_new_version(site: Site, build:
     assert os.readlink(site.link) == f"venvs/{GOOD_VERSION}"
     version = site.agent("version")
     assert version.stdout.startswith(f"cloudgpu-agent {GOOD_VERSION} "), version.stderr
-    # The new version's smoke reached the hub before the switch.
-    register = site.hub.wait_for(site.hub.wait_for_connection(), "register")
-    assert register.agent_version == GOOD_VERSION
-    assert register.probe
-    assert "not running: systemctl restart cloudgpu-agent" in result.stdout
+    # The new version's smoke and then its trial run reached the hub before the switch, each
+    # as a probe (the running agent's connection is never replaced).
+    registers = _registers(site.hub)
+    assert [(m.agent_version, m.probe) for m in registers] == [(GOOD_VERSION, True)] * 2
+    assert f"trial run of {GOOD_VERSION} for {TRIAL_WINDOW_S} s" in result.stdout
+    assert f"no agent is running on {site.state} now" in result.stdout
     assert (build.old_venv / "bin" / "cloudgpu-agent").exists()  # kept for a rollback
     assert sorted(p.name for p in (site.prefix / "venvs").iterdir()) == [GOOD_VERSION]
+
+
+def _registers(hub: HubPeer) -> list[Any]:
+    return [m for c in hub.connections for m in c.received if getattr(m, "TYPE", "") == "register"]
+
+
+def test_with_no_systemd_a_running_agent_is_named_as_still_on_the_old_version(
+    site: Site, build: Build, tmp_path: Path
+) -> None:
+    with running_agent(site.state, tmp_path / "agent.log", env=site.env) as agent:
+        live = site.hub.wait_for_connection()
+        site.hub.wait_for(live, "register", lambda m: not m.probe)
+        result = site.upgrade(site.releases.publish(build.good))
+        # The trial ran next to it, without its state lock and without taking over its socket.
+        assert not live.closed
+        assert agent.poll() is None
+
+    assert result.returncode == 0, result.stderr
+    assert os.readlink(site.link) == f"venvs/{GOOD_VERSION}"
+    assert (
+        f"an agent (pid {agent.pid}) is running on {site.state} and still runs {__version__}: "
+        f"whoever started it must restart it to run {GOOD_VERSION}"
+    ) in result.stdout
+    new = [m.probe for m in _registers(site.hub) if m.agent_version == GOOD_VERSION]
+    assert new == [True, True]  # smoke and trial
 
 
 def test_a_wheel_with_one_byte_changed_is_refused(site: Site, build: Build) -> None:

@@ -19,7 +19,8 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,9 @@ build = test_upgrade.build
 site = test_upgrade.site
 
 DIES_IN_RUN_VERSION = "99.0.2"
+NO_TRIAL_VERSION = "99.0.3"
 OLDER_VERSION = "0.0.1"
+STALL_AFTER_S = 3.5
 
 
 class FaultServer:
@@ -45,7 +48,8 @@ class FaultServer:
 
     ``mode``: ``trickle`` (one byte at a time, forever), ``short`` (Content-Length promises
     more than comes), ``chunked-cut`` (a chunked body that stops mid-chunk), ``missing`` (404
-    for everything)."""
+    for everything), ``silent`` (headers, then nothing), ``stall`` (a trickle for
+    STALL_AFTER_S, then nothing)."""
 
     def __init__(self, mode: str, version: str = "99.9.9") -> None:
         self.mode = mode
@@ -99,8 +103,15 @@ class FaultServer:
                 handler.end_headers()
                 if self.mode == "short":
                     handler.wfile.write(b"x" * 1000)
-                else:  # trickle: a byte every 50 ms until the client goes away
+                elif self.mode == "silent":
+                    handler.wfile.flush()
+                    self.stop.wait()
+                else:  # trickle: a byte every 50 ms until the client goes away (or the stall)
+                    stall_at = time.monotonic() + STALL_AFTER_S
                     while not self.stop.wait(0.05):
+                        if self.mode == "stall" and time.monotonic() > stall_at:
+                            self.stop.wait()
+                            break
                         handler.wfile.write(b"x")
                         handler.wfile.flush()
             handler.wfile.flush()
@@ -154,6 +165,32 @@ def test_a_download_cut_short_says_incomplete_not_mismatch(
     _one_clear_line(result.stderr)
     assert "incomplete download" in result.stderr
     assert "sha256" not in result.stderr
+    _unchanged(site, build)
+
+
+# --- issue 34, 6: a read waits no longer than the budget left, and says the limit it had -------
+
+
+@pytest.mark.parametrize("mode", ["silent", "stall"])
+def test_a_download_that_goes_silent_stops_at_the_budget_and_says_its_real_limit(
+    site: Site, build: Build, mode: str
+) -> None:
+    budget_s = 6
+    with FaultServer(mode) as server:
+        started = time.monotonic()
+        result = site.upgrade(f"{server.url}/release.json", "--timeout", str(budget_s))
+        elapsed = time.monotonic() - started
+
+    assert result.returncode == 1
+    _one_clear_line(result.stderr)
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"ran past its {budget_s} s budget downloading the wheel" in result.stderr
+    assert "sent nothing for" in result.stderr
+    # It said "sent nothing for 30 s" whatever --timeout was.
+    assert "30 s" not in result.stderr
+    # Each read waits at most what is left: a stall after a trickle used to wait out the timeout
+    # the socket got at the open (nearly the whole budget) on top of the trickle.
+    assert elapsed < budget_s + 2.5, f"{elapsed:.1f} s"
     _unchanged(site, build)
 
 
@@ -215,6 +252,7 @@ case $1 in
     echo $! >"$d/pid"
     ;;
   show)
+    echo "LoadState=${FAKE_SYSTEMD_LOADSTATE:-loaded}"
     pid=$(cat "$d/pid" 2>/dev/null || true)
     if alive "$pid"; then printf 'ActiveState=active\nMainPID=%s\n' "$pid"
     else printf 'ActiveState=failed\nMainPID=0\n'; fi
@@ -225,22 +263,12 @@ esac
 """
 
 
-@pytest.fixture(scope="module")
-def dies_in_run(tmp_path_factory: pytest.TempPathFactory) -> Wheel:
-    """Installs, reports its version, passes `smoke`, then exits as soon as `run` starts."""
-    work = tmp_path_factory.mktemp("dies-in-run")
-    _build_wheel(work, work / "first", DIES_IN_RUN_VERSION)  # leaves its source in src-<version>
-    source = work / f"src-{DIES_IN_RUN_VERSION}"
+def _rebuild(work: Path, version: str, edit: Callable[[str], str]) -> Wheel:
+    """The agent wheel of ``version`` with its cli.py changed by ``edit``."""
+    _build_wheel(work, work / "first", version)  # leaves its source in src-<version>
+    source = work / f"src-{version}"
     cli = source / "supplier_agent" / "cli.py"
-    text = cli.read_text()
-    # The first line of cmd_run's body, whatever its parameters: the version dies on `run`.
-    head = re.search(r"^def cmd_run\(.*?\) -> int:\n", text, flags=re.M | re.S)
-    assert head is not None
-    cli.write_text(
-        text.replace(
-            head.group(0), head.group(0) + '    raise SystemExit("deliberately dies in run")\n'
-        )
-    )
+    cli.write_text(edit(cli.read_text()))
     out = work / "wheels"
     _run(
         [
@@ -249,7 +277,35 @@ def dies_in_run(tmp_path_factory: pytest.TempPathFactory) -> Wheel:
         ]
     )
     (path,) = out.iterdir()
-    return Wheel(path, DIES_IN_RUN_VERSION)
+    return Wheel(path, version)
+
+
+@pytest.fixture(scope="module")
+def dies_in_run(tmp_path_factory: pytest.TempPathFactory) -> Wheel:
+    """Installs, reports its version, passes `smoke`, then exits as soon as `run` starts."""
+
+    def edit(text: str) -> str:
+        # The first line of cmd_run's body, whatever its parameters: the version dies on `run`.
+        head = re.search(r"^def cmd_run\(.*?\) -> int:\n", text, flags=re.M | re.S)
+        assert head is not None
+        return text.replace(
+            head.group(0), head.group(0) + '    raise SystemExit("deliberately dies in run")\n'
+        )
+
+    return _rebuild(tmp_path_factory.mktemp("dies-in-run"), DIES_IN_RUN_VERSION, edit)
+
+
+@pytest.fixture(scope="module")
+def no_trial(tmp_path_factory: pytest.TempPathFactory) -> Wheel:
+    """A version from before `run --trial` (what --allow-downgrade may install): `run` has no
+    such option, so argparse refuses it with exit 2."""
+
+    def edit(text: str) -> str:
+        assert '"--trial",' in text
+        # Not "--trial-something": argparse takes a prefix of an option for the option.
+        return text.replace('"--trial",', '"--try-out",', 1)
+
+    return _rebuild(tmp_path_factory.mktemp("no-trial"), NO_TRIAL_VERSION, edit)
 
 
 @pytest.fixture
@@ -274,18 +330,47 @@ def fake_systemd(site: Site, tmp_path: Path) -> Iterator[Path]:
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
+def _with_systemd(site: Site, *argv: str, running: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in a mount namespace of its own where systemd is running (an empty
+    /run/systemd/system exists, as sd_booted(3) asks) or is not (no such folder), whatever the
+    machine running the tests has; the fake_systemd fixture stands in for systemctl."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare is not installed")
+    script = (
+        "if [ -d /run/systemd ]; then m=/run/systemd; else m=/run; fi; "
+        "mount -t tmpfs cloudgpu-test $m || exit 99; "
+        'if [ "$1" = yes ]; then mkdir -p /run/systemd/system || exit 99; fi; shift; exec "$@"'
+    )
+    result = subprocess.run(
+        [
+            *("unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"),
+            *("yes" if running else "no", *argv),
+        ],
+        capture_output=True,
+        text=True,
+        env=site.env,
+        timeout=600,
+        check=False,
+    )
+    if result.returncode == 99:
+        pytest.skip(f"cannot mount a private /run/systemd: {result.stderr}")
+    return result
+
+
+def _upgrade_argv(site: Site, url: str, *extra: str) -> list[str]:
+    # Without --no-systemd, unlike Site.upgrade.
+    return [
+        str(site.link / "bin" / "cloudgpu-agent"),
+        *("upgrade", "--prefix", str(site.prefix), "--state", str(site.state)),
+        *("--release-url", url, *extra),
+    ]
+
+
 def test_a_version_that_dies_in_run_is_rolled_back_after_the_restart(
     site: Site, build: Build, dies_in_run: Wheel, fake_systemd: Path
 ) -> None:
     url = site.releases.publish(dies_in_run)
-    argv = [
-        str(site.link / "bin" / "cloudgpu-agent"),
-        *("upgrade", "--prefix", str(site.prefix), "--state", str(site.state)),
-        *("--release-url", url, "--health-window", "3"),
-    ]
-    result = subprocess.run(
-        argv, capture_output=True, text=True, env=site.env, timeout=600, check=False
-    )
+    result = _with_systemd(site, *_upgrade_argv(site, url, "--health-window", "3"))
 
     assert result.returncode == 1, result.stdout
     assert f"version {DIES_IN_RUN_VERSION} did not stay up" in result.stderr
@@ -306,6 +391,70 @@ def test_a_version_that_dies_in_run_is_rolled_back_after_the_restart(
 
     registers = site.hub.wait(registered, what="the old version registering")
     assert {m.agent_version for m in registers} == {__version__}
+
+
+# --- issue 34, 4: --no-systemd tries `run` before the switch; no systemd is refused up front ----
+
+
+def test_with_no_systemd_a_version_that_dies_in_run_fails_its_trial_and_is_not_switched(
+    site: Site, build: Build, dies_in_run: Wheel
+) -> None:
+    result = site.upgrade(site.releases.publish(dies_in_run))
+
+    # It used to switch to it and report success: its smoke passes, only `run` dies.
+    assert result.returncode == 1, result.stdout
+    assert "Traceback" not in result.stderr
+    assert f"version {DIES_IN_RUN_VERSION} failed its " in result.stderr
+    assert "trial run (`run --trial`): deliberately dies in run" in result.stderr
+    assert f"rolled back: removed {site.prefix / 'venvs' / DIES_IN_RUN_VERSION}" in result.stderr
+    assert f"still runs {__version__}" in result.stderr
+    _unchanged(site, build)
+
+
+def test_with_no_systemd_a_version_without_run_trial_is_switched_untried(
+    site: Site, build: Build, no_trial: Wheel
+) -> None:
+    result = site.upgrade(site.releases.publish(no_trial))
+
+    assert result.returncode == 0, result.stderr
+    assert f"version {NO_TRIAL_VERSION} has no `run --trial`; switching untried" in result.stdout
+    assert os.readlink(site.link) == f"venvs/{NO_TRIAL_VERSION}"
+
+
+def test_without_no_systemd_a_host_without_systemd_is_refused_before_any_download(
+    site: Site, build: Build
+) -> None:
+    url = site.releases.publish(build.good)
+    result = _with_systemd(site, *_upgrade_argv(site, url), running=False)
+
+    # It used to download, build and smoke-test, then fail with "did not stay up".
+    assert result.returncode == 1, result.stdout
+    _one_clear_line(result.stderr)
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "systemd is not running on this host" in result.stderr
+    assert "nothing was changed" in result.stderr
+    assert "Rerun with --no-systemd" in result.stderr
+    assert "reading" not in result.stdout  # not even the release description
+    assert site.hub.connections == []  # no smoke
+    _unchanged(site, build)
+
+
+def test_without_no_systemd_a_missing_unit_is_refused_before_any_download(
+    site: Site, build: Build, fake_systemd: Path
+) -> None:
+    site.env["FAKE_SYSTEMD_LOADSTATE"] = "not-found"
+    url = site.releases.publish(build.good)
+    result = _with_systemd(site, *_upgrade_argv(site, url))
+
+    assert result.returncode == 1, result.stdout
+    _one_clear_line(result.stderr)
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "the cloudgpu-agent.service unit is not installed" in result.stderr
+    assert "LoadState=not-found" in result.stderr
+    assert "Rerun with --no-systemd" in result.stderr
+    assert "reading" not in result.stdout
+    assert not (fake_systemd / "calls").exists()  # never restarted
+    _unchanged(site, build)
 
 
 # --- 9: --no-systemd touches nothing under /etc; upgrade finds its state from the prefix -------

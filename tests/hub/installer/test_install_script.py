@@ -155,6 +155,7 @@ def test_installing_from_a_live_hub_brings_the_host_online_and_reruns_upgrade_in
         with urllib.request.urlopen(f"{stack.url()}/install.sh", timeout=30) as response:  # noqa: S310
             script = response.read().decode()
         args = ("--prefix", str(prefix), "--no-systemd", "--runtime", "mock", "--hub", stack.url())
+        args += ("--health-window", "1")  # the trial run of each new version, before the switch
 
         # The one-liner: the code as bash's argument, no token anywhere.
         first = run_script(

@@ -26,6 +26,7 @@ main() {
   local hub={{ hub_url_shell }}
   local prefix=/opt/cloudgpu-agent state="" runtime="" systemd=1 token="" code=""
   local prefix_given=0 code_spent=0 hub_given=0 allow_downgrade=0 download_timeout=600
+  local health_window=30
 
   say() { printf '%s: %s\n' "$prog" "$*" >&2; }
   warn() { say "warning: $*"; }
@@ -52,15 +53,18 @@ CODE            the single-use enrollment code (cgpe_...) of an install command 
 --no-systemd    do not install the systemd service; start the agent yourself
 --allow-downgrade  install the hub's version even if it is older than the installed one
 --download-timeout S  give up on a download after S seconds (default 600)
+--health-window S  with --no-systemd, run the new version S seconds as a trial before switching
+                to it (default 30)
 
-Re-running it keeps the existing configuration (runtime, compute mode, token) unless an option
-or a new code or token says otherwise.
+Re-running it keeps the existing configuration (runtime, compute mode, token, every other
+setting) and changes only what an option or a new code or token says. A failed run changes
+nothing: the new version and its configuration are tried first, then switched to at once.
 USAGE
   }
 
   while (($# > 0)); do
     case $1 in
-      --prefix | --state | --hub | --runtime | --download-timeout)
+      --prefix | --state | --hub | --runtime | --download-timeout | --health-window)
         (($# >= 2)) || die "$1 needs a value (see --help)" 2
         case $1 in
           --prefix) prefix=$2 prefix_given=1 ;;
@@ -68,6 +72,7 @@ USAGE
           --hub) hub=$2 hub_given=1 ;;
           --runtime) runtime=$2 ;;
           --download-timeout) download_timeout=$2 ;;
+          --health-window) health_window=$2 ;;
         esac
         shift 2
         ;;
@@ -91,8 +96,9 @@ USAGE
   if [[ -z $code ]]; then
     token=${CLOUDGPU_TOKEN:-}
   fi
-  # Nothing started from here on (pip, the agent, the service) inherits it.
-  unset CLOUDGPU_TOKEN
+  # Nothing started from here on (pip, the agent, the service) inherits it. CLOUDGPU_CONFIG is
+  # set below for the checks of a staged config only, never taken from the caller.
+  unset CLOUDGPU_TOKEN CLOUDGPU_CONFIG
 
   [[ $prefix == /* ]] || prefix=$PWD/$prefix
   prefix=${prefix%/}
@@ -105,6 +111,11 @@ USAGE
     *) die "--runtime must be docker or mock" 2 ;;
   esac
   [[ $download_timeout =~ ^[1-9][0-9]{0,5}$ ]] || die "--download-timeout must be a number of seconds" 2
+  # `run --trial` takes up to an hour.
+  if ! [[ $health_window =~ ^[1-9][0-9]{0,3}$ ]] || ((health_window > 3600)); then
+    die "--health-window must be a number of seconds from 1 to 3600" 2
+  fi
+  local config=$state/cloudgpu-agent.conf
 
   # --- this host -----------------------------------------------------------------------------
   local os arch
@@ -169,11 +180,52 @@ if parts.scheme == "http":
     *) die "--hub must look like https://hub.example.com, not $hub" 2 ;;
   esac
   why=$(url_refusal "$hub") || die "the hub must be reached over https://: $why" 2
+  # The agent takes the hub's address only (config.websocket_url): a path would pass every
+  # download here and fail later, in the agent.
+  python3 -c 'import sys
+from urllib.parse import urlsplit
+parts = urlsplit(sys.argv[1])
+sys.exit(parts.path not in ("", "/") or bool(parts.query) or bool(parts.fragment))' "$hub" ||
+    die "--hub takes the hub's address only, like https://hub.example.com; $hub has a path" 2
+
+  # The runtime the agent will use: the option, else the existing configuration's, else docker.
+  local use_runtime=$runtime
+  if [[ -z $use_runtime && -f $config ]]; then
+    use_runtime=$(python3 -c 'import configparser, sys
+parser = configparser.ConfigParser(interpolation=None)
+parser.read(sys.argv[1])
+print(parser.get("agent", "runtime", fallback=""))' "$config" 2>/dev/null) || use_runtime=""
+  fi
+  use_runtime=${use_runtime:-docker}
+  # Docker's socket is root:docker 0660: run by a user outside that group, the agent cannot use
+  # it although the daemon runs. Say so (not "does not answer"); with the docker runtime the
+  # agent could not work at all, so stop before anything is installed.
+  local docker_socket=/var/run/docker.sock docker_denied=""
+  case ${DOCKER_HOST:-} in
+    "") ;;
+    unix://*) docker_socket=${DOCKER_HOST#unix://} ;;
+    *) docker_socket="" ;; # tcp:// or ssh://: nothing on this host to check
+  esac
+  if [[ -n $docker_socket && -S $docker_socket ]] && ! [[ -r $docker_socket && -w $docker_socket ]]; then
+    local user group
+    user=$(id -un) group=$(stat -c %G "$docker_socket")
+    if [[ $(stat -c %A "$docker_socket") != ????rw* ]]; then
+      docker_denied="only $(stat -c %U "$docker_socket") may use Docker's socket $docker_socket, not $user: run this with sudo"
+    elif id -nG "$user" | tr ' ' '\n' | grep -qxF "$group"; then
+      docker_denied="$user is in the $group group, but this login session is not yet, so it cannot use Docker's socket $docker_socket. Fix: log in again (or run: newgrp $group), then re-run"
+    else
+      docker_denied="$user cannot use Docker's socket $docker_socket: it is for the $group group, and $user is not in it. Fix: sudo usermod -aG $group $user, then log in again and re-run"
+    fi
+    if [[ $use_runtime == docker ]]; then
+      die "$docker_denied (nothing was installed)"
+    fi
+    warn "$docker_denied (the mock runtime does not need Docker)"
+  fi
 
   # Only warnings: a CPU-only box can still join (and run --runtime mock).
   if ! command -v docker >/dev/null 2>&1; then
     warn "Docker is not installed, so renters' containers cannot start. Fix: apt-get install -y docker.io"
-  elif ! timeout 20 docker info >/dev/null 2>&1; then
+  elif [[ -z $docker_denied ]] && ! timeout 20 docker info >/dev/null 2>&1; then
     warn "Docker is installed but its daemon does not answer. Fix: systemctl enable --now docker"
   fi
   if ! command -v nvidia-smi >/dev/null 2>&1; then
@@ -187,7 +239,7 @@ if parts.scheme == "http":
 
   # --- the enrollment code or the token -------------------------------------------------------
   # A re-run keeps the existing configuration, token included: nothing to ask.
-  local config=$state/cloudgpu-agent.conf keep_config=0
+  local keep_config=0
   if [[ -z $code && -z $token && -f $config ]]; then
     keep_config=1
   fi
@@ -219,11 +271,16 @@ if parts.scheme == "http":
   # A global, not a local: the EXIT trap runs after main's locals are gone.
   cloudgpu_install_tmp=$(mktemp -d "$tmpdir/cloudgpu-install.XXXXXX") ||
     die "could not create a temporary folder in $tmpdir (is it full?)"
-  # The new version's folder too, until the switch to it (it is half-built before).
-  cloudgpu_install_target="" cloudgpu_install_new_prefix=""
+  # Until the switch, whatever this run made: the new version's folder (half-built before), the
+  # staged configuration, and folders that did not exist. After it, nothing.
+  cloudgpu_install_target="" cloudgpu_install_new_prefix="" cloudgpu_install_staged=""
+  cloudgpu_install_new_state="" cloudgpu_install_new_venvs=""
   cleanup() {
     rm -rf "$cloudgpu_install_tmp"
     [[ -z $cloudgpu_install_target ]] || rm -rf "$cloudgpu_install_target"
+    [[ -z $cloudgpu_install_staged ]] || rm -f "$cloudgpu_install_staged"
+    [[ -z $cloudgpu_install_new_state ]] || rm -rf "$cloudgpu_install_new_state"
+    [[ -z $cloudgpu_install_new_venvs ]] || rmdir "$cloudgpu_install_new_venvs" 2>/dev/null || :
     [[ -z $cloudgpu_install_new_prefix ]] || rm -rf "$cloudgpu_install_new_prefix"
   }
   trap cleanup EXIT
@@ -245,8 +302,9 @@ if parts.scheme == "http":
       case $code in
         2??) return 0 ;;
         301 | 302 | 303 | 307 | 308)
-          ((++hops <= 5)) || die "too many redirects downloading $3 from $1"
-          why=$(url_refusal "$next") || die "refusing the redirect from $url: $why"
+          # Exit 3 as for any hub this host cannot use: the redirect is the hub's answer.
+          ((++hops <= 5)) || die "too many redirects downloading $3 from $1" 3
+          why=$(url_refusal "$next") || die "refusing the redirect from $url: $why" 3
           url=$next
           ;;
         404) die "$hub was reached, but it serves no agent release ($url: HTTP 404): check --hub" 3 ;;
@@ -283,10 +341,16 @@ print(d["version"], d["filename"], d["sha256"])' "$tmp/release.json" 2>/dev/null
   # The same lock file as `cloudgpu-agent upgrade` (flock(2) both): never both at once.
   exec 9>"$prefix/.upgrade.lock" || die "could not open $prefix/.upgrade.lock"
   flock -n 9 || die "another install or upgrade of $prefix is running; re-run when it has finished"
-  local need_mib=200 free_kib
+  local need_mib=200 free_kib need_inodes=20000 inodes free_inodes
   free_kib=$(df -Pk "$prefix" | awk 'NR == 2 { print $4 }')
   if ((free_kib < need_mib * 1024)); then
     die "$prefix needs ${need_mib} MiB free to install the agent beside the current one, and has $((free_kib / 1024)) MiB: free some space and re-run (nothing was changed)"
+  fi
+  # A version is some 3000 files: a disk out of inodes is as full as one out of bytes. Some
+  # filesystems (btrfs) have no fixed count and report 0 or "-".
+  read -r inodes free_inodes < <(df -Pi "$prefix" | awk 'NR == 2 { print $2, $4 }')
+  if [[ $inodes =~ ^[1-9][0-9]*$ && $free_inodes =~ ^[0-9]+$ ]] && ((free_inodes < need_inodes)); then
+    die "$prefix needs $need_inodes free inodes (room for that many files) to install the agent beside the current one, and has $free_inodes: delete some files and re-run (nothing was changed)"
   fi
   local installed=""
   if [[ -x $venv/bin/cloudgpu-agent ]]; then
@@ -345,10 +409,14 @@ print(token)' 2>/dev/null) || die "the hub's answer to the enrollment code is no
 
   # --- install beside the current version, switch only when it works ------------------------
   # As `cloudgpu-agent upgrade` does: PREFIX/venvs/<version> is new, PREFIX/venv a symlink to the
-  # current one, replaced in one rename. A failure (a full disk, pip) removes the new folder
-  # and leaves the running version as it was.
+  # current one, replaced in one rename. The configuration goes the same way: written to a staged
+  # file, checked with the new version, renamed over the real one at the switch. A failure (a
+  # full disk, pip, the hub, the trial run) removes what is new and changes nothing else.
   local venvs=$prefix/venvs target n=1
-  mkdir -p "$venvs"
+  if [[ ! -d $venvs ]]; then
+    mkdir -p "$venvs"
+    cloudgpu_install_new_venvs=$venvs
+  fi
   target=$venvs/$version
   while [[ -e $target || -L $target ]]; do
     n=$((n + 1))
@@ -360,71 +428,115 @@ print(token)' 2>/dev/null) || die "the hub's answer to the enrollment code is no
   else
     say "creating a Python virtual environment in $target"
   fi
-  python3 -m venv "$target" || die "could not create the virtual environment $target (nothing was changed)"
+  # Why venv or pip failed, when a disk filled up (bytes or inodes), in one line; nothing when
+  # not. Asked again after the failure: the check before cannot foresee what else writes.
+  disk_full() { # LOG
+    local dir total free
+    for dir in "$prefix" "$tmpdir"; do
+      read -r total free < <(df -Pi "$dir" | awk 'NR == 2 { print $2, $4 }')
+      if [[ $total =~ ^[1-9][0-9]*$ && $free =~ ^[0-9]+$ ]] && ((free < 100)); then
+        printf '%s\n' "the disk of $dir has no free inodes left (too many files): delete some files there and re-run"
+        return
+      fi
+      free=$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')
+      if [[ $free =~ ^[0-9]+$ ]] && ((free < 1024)); then
+        printf '%s\n' "the disk of $dir is full: free some space there and re-run"
+        return
+      fi
+    done
+    # pip removes its temporary files on the way out, so the space may be back by now.
+    if grep -qE 'No space left on device|Disk quota exceeded|Errno (28|122)' "$1" 2>/dev/null; then
+      printf '%s\n' "a disk filled up (No space left on device): free some space on the disks of $prefix and $tmpdir and re-run"
+    fi
+  }
+  local log=$tmp/install.log full
+  # Output to a log, shown unless a full disk explains it: venv's answer to that is a traceback.
+  if ! python3 -m venv "$target" >"$log" 2>&1; then
+    full=$(disk_full "$log")
+    [[ -z $full ]] || die "could not create the virtual environment: $full (nothing was changed)"
+    cat "$log" >&2
+    die "could not create the virtual environment $target (see above; nothing was changed)"
+  fi
   local pip=("$target/bin/python" -m pip --disable-pip-version-check --quiet)
   say "installing cloudgpu-agent $version and its dependencies (PIP_INDEX_URL and friends apply)"
-  "${pip[@]}" install "$tmp/$filename" ||
+  if ! "${pip[@]}" install "$tmp/$filename" >"$log" 2>&1; then
+    full=$(disk_full "$log")
+    [[ -z $full ]] || die "pip could not install the agent: $full (nothing was changed)"
+    cat "$log" >&2
     die "pip could not install the agent (see above); nothing was changed"
+  fi
+  cat "$log" >&2 # pip's warnings, if any
   local agent=$target/bin/cloudgpu-agent reported
   reported=$("$agent" version 2>&1) || die "the new agent does not run: $reported"
   [[ $reported == "cloudgpu-agent $version "* ]] ||
     die "the new agent reports '$reported', not version $version (nothing was changed)"
 
-  # The configuration: kept as it is unless a new token or an option says otherwise; then
-  # rewritten with the existing settings as the base (configure alone would reset them).
-  local configure_args=(configure --state "$state") kept=()
-  if [[ -f $config ]]; then
-    mapfile -d '' -t kept < <(python3 -c 'import configparser, sys
-parser = configparser.ConfigParser(interpolation=None)
-parser.read(sys.argv[1])
-agent = parser["agent"] if parser.has_section("agent") else {}
-flags = {"hub": "--hub", "runtime": "--runtime", "compute_mode": "--compute-mode",
-         "gpu_devices": "--gpu-devices", "lock_dir": "--lock-dir",
-         "reserve_memory_mib": "--reserve-memory-mib", "reserve_cpus": "--reserve-cpus",
-         "allow_networks": "--allow-networks"}
-out = []
-for key, flag in flags.items():
-    if agent.get(key):
-        out += [flag, agent[key]]
-if agent.get("accept_container_escape_risk"):
-    out.append("--accept-container-escape-risk")
-sys.stdout.write("".join(f"{arg}\0" for arg in out))' "$config") ||
-      die "cannot read the existing configuration $config"
-  fi
-  configure_args+=("${kept[@]}")
-  if ((hub_given)) || ((${#kept[@]} == 0)); then configure_args+=(--hub "$hub"); fi
+  # The configuration: kept byte for byte unless a new token or an option says otherwise; then
+  # the new agent's `configure --update` writes the existing one with only that changed (every
+  # other key kept, unknown ones too) to a staged file beside it.
+  local staged="" configure_args=(configure --update --state "$state")
+  # A token from an enrollment code belongs to the hub that issued it.
+  if ((hub_given || code_spent)) || [[ ! -f $config ]]; then configure_args+=(--hub "$hub"); fi
   [[ -z $runtime ]] || configure_args+=(--runtime "$runtime")
   if ((keep_config)) && ((!hub_given)) && [[ -z $runtime ]]; then
     say "keeping the configuration in $config"
-  elif ((keep_config)); then
-    # The token stays the one in the file: python hands it over a pipe, never an argv.
-    python3 -c 'import configparser, sys
-parser = configparser.ConfigParser(interpolation=None)
-parser.read(sys.argv[1])
-print(parser["agent"]["token"])' "$config" | "$agent" "${configure_args[@]}" >&2 ||
-      die "cloudgpu-agent configure failed (see above)"
   else
-    # printf is a shell builtin: the token goes through a pipe, never onto a command line.
-    printf '%s\n' "$token" | "$agent" "${configure_args[@]}" >&2 ||
-      die "cloudgpu-agent configure failed (see above)"
+    if [[ ! -e $state ]]; then
+      cloudgpu_install_new_state=$state
+    fi
+    staged=$state/.cloudgpu-agent.conf.new
+    cloudgpu_install_staged=$staged
+    configure_args+=(--output "$staged")
+    # Its "wrote FILE" would name the staged file, gone after a failure: only errors are shown.
+    if ((keep_config)); then
+      # --update keeps the file's token when stdin has none.
+      "$agent" "${configure_args[@]}" </dev/null >/dev/null ||
+        die "cloudgpu-agent configure failed (see above; nothing was changed)"
+    else
+      # printf is a shell builtin: the token goes through a pipe, never onto a command line.
+      printf '%s\n' "$token" | "$agent" "${configure_args[@]}" >/dev/null ||
+        die "cloudgpu-agent configure failed (see above; nothing was changed)"
+    fi
   fi
   token=""
-
-  # A re-run proves the new version reaches the hub before switching to it.
-  local smoke_args=(smoke --state "$state")
-  ((!hub_given)) || smoke_args+=(--hub "$hub")
-  check_hub() {
-    say "checking the connection to the hub"
-    local smoke=0
-    "$1" "${smoke_args[@]}" >&2 || smoke=$?
-    case $smoke in
-      0) ;;
-      3) die "the hub did not answer within 10 s: check that this host can reach $hub (firewall, proxy), then re-run" 3 ;;
-      4) die "the hub rejected the token: create a new install command in the hub and re-run with it" 4 ;;
-      *) die "the connection check failed (exit $smoke); details: $1 doctor --connectivity --state $state" "$smoke" ;;
-    esac
+  # The new version, run on the configuration it will have: the staged one, if any.
+  with_config() {
+    if [[ -n $staged ]]; then
+      CLOUDGPU_CONFIG=$staged "$@"
+    else
+      "$@"
+    fi
   }
-  if [[ -n $installed ]]; then check_hub "$agent"; fi
+
+  # The new version proves it reaches the hub before anything is switched to it.
+  say "checking the connection to the hub"
+  local smoke=0 details=""
+  with_config "$agent" smoke --state "$state" >&2 || smoke=$?
+  if [[ -n $installed ]]; then
+    # The installed version stays; its doctor checks the hub this run was to use.
+    details="; details: "
+    ((!hub_given)) || details+="CLOUDGPU_HUB=$hub "
+    details+="$venv/bin/cloudgpu-agent doctor --connectivity --state $state"
+  fi
+  case $smoke in
+    0) ;;
+    3) die "the hub did not answer within 10 s: check that this host can reach $hub (firewall, proxy), then re-run (nothing was changed)" 3 ;;
+    4) die "the hub rejected the token: create a new install command in the hub and re-run with it (nothing was changed)" 4 ;;
+    *) die "the connection check failed (exit $smoke, see above; nothing was changed)$details" "$smoke" ;;
+  esac
+
+  # Without systemd nothing watches the new version after the switch: it runs `run`'s real
+  # start-up (beside an agent that may be running on the same state) for the health window first.
+  if ((!systemd)); then
+    say "trying cloudgpu-agent $version for $health_window s (run --trial)"
+    local trial_rc=0 reason
+    with_config "$agent" run --trial "$health_window" --state "$state" >"$log" 2>&1 || trial_rc=$?
+    if ((trial_rc != 0)); then
+      cat "$log" >&2
+      reason=$(awk 'NF { last = $0 } END { print last }' "$log")
+      die "cloudgpu-agent $version failed its $health_window s trial run (exit $trial_rc: ${reason:-no reason given}); nothing was changed" "$trial_rc"
+    fi
+  fi
 
   local previous=""
   if [[ -L $venv ]]; then
@@ -437,8 +549,15 @@ print(parser["agent"]["token"])' "$config" | "$agent" "${configure_args[@]}" >&2
   fi
   ln -sfn "venvs/${target##*/}" "$prefix/.venv.swap"
   mv -T "$prefix/.venv.swap" "$venv" || die "could not switch $venv to $target"
-  cloudgpu_install_target="" cloudgpu_install_new_prefix=""
+  # From here on nothing is removed on the way out: the new version is the installed one.
+  cloudgpu_install_target="" cloudgpu_install_new_prefix="" cloudgpu_install_staged=""
+  cloudgpu_install_new_state="" cloudgpu_install_new_venvs=""
   say "$venv -> $target"
+  # The checked configuration with it: one rename (same folder, mode 0600 as written).
+  if [[ -n $staged ]]; then
+    mv -f "$staged" "$config" || die "switched $venv to $target, but could not rename $staged to $config: rename it yourself"
+    say "wrote the configuration $config (mode 0600)"
+  fi
   # Keep the previous version for one rollback; older ones go.
   local old
   for old in "$venvs"/* "$prefix/venv.previous"; do
@@ -457,11 +576,11 @@ print(parser["agent"]["token"])' "$config" | "$agent" "${configure_args[@]}" >&2
     fi
   fi
 
-  # --- check ---------------------------------------------------------------------------------
-  if [[ -z $installed ]]; then check_hub "$agent"; fi
   say "success: cloudgpu-agent $version is installed in $prefix and the hub at $hub answered"
   if ((systemd)); then
     say "the agent runs as a systemd service: systemctl status cloudgpu-agent"
+  elif [[ -n $installed ]]; then
+    say "restart the agent to run the new version: $agent run --state $state"
   else
     say "start the agent with: $agent run --state $state"
   fi
