@@ -3,13 +3,18 @@
 One container per lease, named ``cloudgpu-<lease_id>`` and labelled with the claiming agent,
 the lease, its declared ports and its GPUs, so that a restarted agent rebuilds its view from
 Docker alone. Every call blocks; the agent runs them in ``asyncio.to_thread``.
+
+This module makes the Docker calls: pull, create, start, wait until ready, warm up, list, stop
+and remove, and the isolating bridge network. What it asks Docker for is decided elsewhere:
+the hardened create options in container_spec.py, the image a rental runs in
+container_images.py, the names and labels in container_names.py (all importable from here as
+before).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import functools
 import logging
 import shlex
@@ -26,31 +31,44 @@ import docker
 import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.models.containers import Container
-from docker.types import DeviceRequest, LogConfig, Mount, Ulimit
+from docker.types import Mount
 
 from supplier_agent import image_policy, protocol
 from supplier_agent.container_events import ExitCallback, ExitWatcher, close_stream
+from supplier_agent.container_images import DOCKER_HUB_NAMES as DOCKER_HUB_NAMES
+from supplier_agent.container_images import (
+    ObtainedImage,
+    not_found_message,
+    pull_refusal,
+    registry_digest,
+)
+from supplier_agent.container_names import LABEL_CACHE as LABEL_CACHE
+from supplier_agent.container_names import LABEL_CLAIM as LABEL_CLAIM
+from supplier_agent.container_names import (
+    LABEL_GPUS,
+    LABEL_IMAGE_DIGEST,
+    LABEL_NETWORK,
+    LABEL_PORTS,
+    LEGACY_SHARED_CACHE_PREFIX,
+)
+from supplier_agent.container_names import LABEL_LEASE as LABEL_LEASE
+from supplier_agent.container_names import LABEL_VOLUME as LABEL_VOLUME
+from supplier_agent.container_names import LABEL_VOLUME_CAP as LABEL_VOLUME_CAP
+from supplier_agent.container_names import cache_volume_name as cache_volume_name
+from supplier_agent.container_names import renter_volume_name as renter_volume_name
+from supplier_agent.container_spec import CONTAINER_LOG_MIB, create_options, spec_refusal
+from supplier_agent.container_spec import LOG_DRIVER as LOG_DRIVER
+from supplier_agent.container_spec import LOG_FILES as LOG_FILES
+from supplier_agent.container_spec import RENTAL_CAPS as RENTAL_CAPS
+from supplier_agent.container_spec import container_log_config as container_log_config
 from supplier_agent.disk_guard import DEFAULT_ALLOWANCE_BYTES, LABEL_ALLOWANCE
 from supplier_agent.egress import EgressError, EgressPolicy
-from supplier_agent.limits import HostResources, Reserve, lease_limits, nofile_limit
-from supplier_agent.protocol import DockerRun, ProtocolError
+from supplier_agent.limits import HostResources, Reserve, lease_limits
+from supplier_agent.protocol import DockerRun
 from supplier_agent.toolkit import toolkit_refusal, toolkit_version
 
 log = logging.getLogger(__name__)
 
-LABEL_CLAIM = "cloudgpu.claim"
-LABEL_LEASE = "cloudgpu.lease"
-LABEL_PORTS = "cloudgpu.ports"
-LABEL_GPUS = "cloudgpu.gpus"
-LABEL_CACHE = "cloudgpu.cache"
-# A volume a renter made (issue 13): its wire name (vol-<40 hex>), and the cap it was made with.
-LABEL_VOLUME = "cloudgpu.volume"
-LABEL_VOLUME_CAP = "cloudgpu.volume.size_bytes"
-LEGACY_SHARED_CACHE_PREFIX = "template-"
-LABEL_NETWORK = "cloudgpu.network"
-# What the container was created from (ObtainedImage.digest): the ack reports it again when a
-# retried docker_run finds the container made already.
-LABEL_IMAGE_DIGEST = "cloudgpu.image.digest"
 # Every lease's container sits on this bridge, which drops traffic between its containers:
 # Docker's default bridge lets one tenant reach another's ports directly.
 NETWORK = "cloudgpu"
@@ -59,37 +77,8 @@ NETWORK_OPTIONS = {"com.docker.network.bridge.enable_icc": "false"}
 _network_lock = threading.Lock()
 LOG_TAIL_LINES = 50
 LOG_TAIL_CHARS = 8000  # fits ContainerExited.log_tail and keeps an ack's error readable
-# What Docker keeps of one lease's output on the supplier's disk. Its default (json-file, no
-# limit) kept everything: one lease printing 64 KiB/s wrote 484 MB/h under /var/lib/docker.
-# The `local` driver rotates through LOG_FILES files (compressing the older ones); the live
-# follower and the exit tail (the last LOG_TAIL_LINES lines) read it as before. Set
-# explicitly, so a daemon whose default driver cannot be read back (syslog) still has logs.
-CONTAINER_LOG_MIB = 64
-LOG_DRIVER = "local"
-LOG_FILES = 4
 PORT_BIND_TIMEOUT_S = 30.0
 PULL_LOG_EVERY_S = 5.0
-# Every capability is dropped and only these come back: what ordinary images need as root in
-# their own container (README, "What a rental can reach and use"). CHOWN, DAC_OVERRIDE and
-# FOWNER: entrypoints that fix ownership of volumes, pip and apt writing as root into files of
-# other users. SETUID and SETGID: gosu/su/sudo entrypoints (Jupyter's start script, ComfyUI's),
-# apt dropping to _apt, sshd's privilege separation. SYS_CHROOT: sshd's pre-auth sandbox.
-# AUDIT_WRITE: sshd refuses logins without it. KILL: a root supervisor (tini, Jupyter) signals
-# the processes it started as another user.
-# Gone from Docker's default set: NET_RAW (ARP/DNS spoofing of neighbours on the bridge), MKNOD
-# (device nodes), SETFCAP and SETPCAP (file and process capabilities), FSETID (keeping setuid
-# bits on changed files), NET_BIND_SERVICE (not needed: Docker sets the container's
-# net.ipv4.ip_unprivileged_port_start to 0, so any user binds ports below 1024).
-RENTAL_CAPS = (
-    "AUDIT_WRITE",
-    "CHOWN",
-    "DAC_OVERRIDE",
-    "FOWNER",
-    "KILL",
-    "SETGID",
-    "SETUID",
-    "SYS_CHROOT",
-)
 GPU_TOOLKIT_HINT = (
     "this host's Docker cannot give containers GPUs: "
     "install nvidia-container-toolkit and restart Docker"
@@ -114,15 +103,6 @@ class RunResult:
 
 
 @dataclass(frozen=True)
-class ObtainedImage:
-    """The image a lease's container is created from, pinned: a later retag cannot swap it."""
-
-    ref: str  # what Docker creates the container from
-    digest: str  # what the lease records
-    local: bool  # taken from the host without a pull (the supplier's opt-in)
-
-
-@dataclass(frozen=True)
 class ClaimedContainer:
     lease_id: str
     container_id: str
@@ -130,15 +110,6 @@ class ClaimedContainer:
     status: str  # Docker's: created, running, exited, dead, ...
     gpu_indices: tuple[int, ...] = ()
     ports: dict[int, int] = field(default_factory=dict)
-
-
-def container_log_config(max_bytes: int) -> LogConfig:
-    """Docker's log options for at most ``max_bytes`` of a container's output on disk."""
-    per_file_kib = max(64, max_bytes // LOG_FILES // 1024)
-    return LogConfig(
-        type=LOG_DRIVER,
-        config={"max-size": f"{per_file_kib}k", "max-file": str(LOG_FILES), "compress": "true"},
-    )
 
 
 def _discard(data: bytes) -> None:
@@ -498,23 +469,9 @@ class ContainerRuntime:
     # --- internals ----------------------------------------------------------------------------
 
     def _check(self, spec: DockerRun, gpu_indices: Sequence[int]) -> None:
-        # The protocol refused these already, but a DockerRun built in code never went through it.
-        try:
-            protocol.validate_image(spec.image, "image")
-            protocol.validate_env(dict(spec.env), "env")
-            for port in spec.ports:
-                protocol.validate_port(port, "port")
-            if spec.cache_volume is not None:
-                cache = {"name": spec.cache_volume.name, "path": spec.cache_volume.path}
-                protocol.CacheVolume.parse(cache, "cache_volume")
-            volumes = [dataclasses.asdict(volume) for volume in spec.volumes]
-            protocol.validate_volumes(volumes, spec.cache_volume, "volumes")
-        except ProtocolError as exc:
-            raise ContainerError(f"refusing to run lease {spec.lease_id}: {exc}") from None
-        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in gpu_indices):
-            raise ContainerError(f"GPU indices must be whole numbers, not {list(gpu_indices)}")
-        if self.gpu_devices == "nvidia" and not gpu_indices:
-            raise ContainerError(f"lease {spec.lease_id} has no claimed GPU for its container")
+        refusal = spec_refusal(spec, gpu_indices, gpus_required=self.gpu_devices == "nvidia")
+        if refusal is not None:
+            raise ContainerError(refusal)
 
     def _create_options(
         self, spec: DockerRun, gpu_indices: Sequence[int], agent_id: str, gpu_uuids: Sequence[str]
@@ -526,57 +483,18 @@ class ContainerRuntime:
         for renter_volume in spec.volumes:
             volume = self._renter_volume(renter_volume)
             mounts.append(Mount(target=renter_volume.path, source=volume, type="volume"))
-        devices = None
-        # Set explicitly, over whatever the image says (CUDA images say "all"): where the NVIDIA
-        # runtime is dockerd's default, that variable alone hands a container every GPU of the
-        # host, other renters' included. "void" gives none.
-        visible = "void"
-        if self.gpu_devices == "nvidia":
-            ids = list(gpu_uuids) if len(gpu_uuids) == len(gpu_indices) else []
-            ids = ids or [str(i) for i in gpu_indices]
-            devices = [DeviceRequest(driver="nvidia", device_ids=ids, capabilities=[["gpu"]])]
-            visible = ",".join(ids)
-        limits = lease_limits(self.host, len(gpu_indices), self.host_gpus, self.reserve)
-        nofile = nofile_limit()
-        environment = [f"{name}={value}" for name, value in spec.env.items()]
-        environment.append(f"NVIDIA_VISIBLE_DEVICES={visible}")
-        # PID and IPC modes stay unset: Docker's defaults are private namespaces. The network is
-        # the isolated bridge, never the default one or the host's.
-        return {
-            "image": spec.image,
-            "name": f"cloudgpu-{spec.lease_id}",
-            "command": list(spec.command) if spec.command is not None else None,
-            "entrypoint": list(spec.entrypoint) if spec.entrypoint is not None else None,
-            "environment": environment,
-            "user": spec.user,
-            "labels": {
-                LABEL_CLAIM: agent_id,
-                LABEL_LEASE: spec.lease_id,
-                LABEL_PORTS: ",".join(map(str, spec.ports)),
-                LABEL_GPUS: ",".join(map(str, gpu_indices)),
-            },
-            # Loopback only: the tunnel is the one way in from outside.
-            "ports": {f"{port}/tcp": ("127.0.0.1", None) for port in spec.ports},
-            "mounts": mounts,
-            "device_requests": devices,
-            "shm_size": self.shm_size,
-            "privileged": False,
-            "security_opt": ["no-new-privileges:true"],
-            "pids_limit": self.pids_limit,
-            "mem_limit": limits.memory_bytes,
-            # The same as the memory limit: no swap on top, so a bomb is OOM-killed, not paged.
-            "memswap_limit": limits.memory_bytes,
-            "nano_cpus": limits.nano_cpus,
-            "ulimits": [
-                Ulimit(name="nofile", soft=nofile, hard=nofile),
-                Ulimit(name="core", soft=0, hard=0),
-            ],
-            "cap_drop": ["ALL"],
-            "cap_add": list(RENTAL_CAPS),
-            "log_config": container_log_config(self.log_max_bytes),
-            "restart_policy": {"Name": "no"},
-            "detach": True,
-        }
+        return create_options(
+            spec,
+            gpu_indices,
+            agent_id=agent_id,
+            gpu_uuids=gpu_uuids,
+            gpu_devices=self.gpu_devices,
+            mounts=mounts,
+            limits=lease_limits(self.host, len(gpu_indices), self.host_gpus, self.reserve),
+            shm_size=self.shm_size,
+            pids_limit=self.pids_limit,
+            log_max_bytes=self.log_max_bytes,
+        )
 
     def _cache_volume(self, name: str) -> str:
         if name.startswith(LEGACY_SHARED_CACHE_PREFIX):
@@ -776,62 +694,7 @@ def _pull_error(ref: str, detail: str) -> ContainerError:
     # The renter gets a sentence; dockerd's own text (addresses, resolver and proxy details of
     # the supplier's network) stays in the supplier's log.
     log.warning("pulling image %s failed: %s", ref, detail)
-    lowered = detail.lower()
-    denied = ("not found", "manifest unknown", "pull access denied", "unauthorized", "denied")
-    if any(marker in lowered for marker in denied):
-        return ContainerError(not_found_message(ref))
-    unreachable = ("dial tcp", "no such host", "timeout", "connection refused", "tls", "eof")
-    if any(marker in lowered for marker in unreachable):
-        return ContainerError(f"the registry of image {ref} is unreachable from this host")
-    return ContainerError(f"pulling image {ref} failed on this host")
-
-
-# What Docker takes for Docker Hub besides no registry at all.
-DOCKER_HUB_NAMES = ("docker.io", "index.docker.io", "registry-1.docker.io")
-
-
-def not_found_message(ref: str) -> str:
-    """What a renter reads for an image missing from its registry, whether or not a copy of
-    it is on this host."""
-    return f"image {ref} not found in its registry or access denied"
-
-
-def registry_digest(ref: str, attrs: dict[str, Any]) -> str | None:
-    """``<repository>@sha256:...`` of ``ref``'s repository from an image's ``RepoDigests``
-    (None: not pulled from that repository's registry)."""
-    repository = _repository(ref)
-    for entry in attrs.get("RepoDigests") or []:
-        name, _, digest = str(entry).partition("@")
-        if digest.startswith("sha256:") and _repository(name) == repository:
-            return f"{name}@{digest}"
-    return None
-
-
-def _repository(ref: str) -> str:
-    """The repository of a reference, as Docker normalises it: no tag or digest, Docker Hub's
-    implicit ``docker.io/`` and ``library/`` made explicit."""
-    name = ref.partition("@")[0]
-    last_slash = name.rfind("/")
-    colon = name.rfind(":")
-    if colon > last_slash:
-        name = name[:colon]
-    registry = image_policy.registry_of(name)
-    if registry in DOCKER_HUB_NAMES:  # Docker Hub by one of its other names
-        name = name.partition("/")[2]
-        registry = None
-    if registry is None:
-        name = "docker.io/" + (name if "/" in name else "library/" + name)
-    return name
-
-
-def cache_volume_name(name: str) -> str:
-    """The Docker volume behind a lease's ``cache_volume.name``."""
-    return f"cloudgpu-cache-{name}"
-
-
-def renter_volume_name(name: str) -> str:
-    """The Docker volume behind a renter volume's wire name (``vol-<40 hex>``)."""
-    return f"cloudgpu-{name}"
+    return ContainerError(pull_refusal(ref, detail))
 
 
 def bridge_interface(network: dict[str, Any]) -> str:

@@ -1,5 +1,5 @@
 """Renters' terminals: processes started with `docker exec` in their lease's container, relayed
-to the hub as ``exec_output`` frames (supplier_agent.protocol, "terminals").
+to the hub as ``exec_output`` frames (supplier_agent/protocol_terminals.py).
 
 Each session has a thread of its own that blocks on the exec's stream (a read there can take
 hours: it must not hold one of the event loop's few default executor threads) and hands what

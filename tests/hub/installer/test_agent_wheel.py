@@ -29,6 +29,12 @@ def test_the_wheel_holds_the_agent_package_at_the_tree_version(agent_wheel: Whee
         names = set(wheel.namelist())
         entry_points = wheel.read(f"cloudgpu_agent-{version}.dist-info/entry_points.txt")
     assert {"supplier_agent/cli.py", "supplier_agent/protocol.py"} <= names
+    # Every module of the agent, so that one split out of another (protocol_*.py) or put in a
+    # subpackage cannot be left out: the agent would fail to import on the supplier's host.
+    modules = {
+        p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "supplier_agent").rglob("*.py")
+    }
+    assert modules <= names, sorted(modules - names)
     assert b"cloudgpu-agent = supplier_agent.cli:main" in entry_points
     assert not any(name.startswith(("hub/", "tests/")) for name in names)
 
