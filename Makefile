@@ -22,7 +22,7 @@ run: venv
 test: venv lint
 	$(BIN)/python -m hub.runner exec --state .state/test -- $(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# The fast lane (README, "What `make test` runs"): unit and services tests only; no Docker,
+# The fast lane (docs/testing.md, "What `make test` runs"): unit and services tests only; no Docker,
 # browser or hub processes. Same services as `make test`; no lint.
 test-fast: venv
 	$(BIN)/python -m hub.runner exec --state .state/test -- $(BIN)/python -m pytest -m "(unit or services) and not docker and not slow" $(PYTEST_ARGS)

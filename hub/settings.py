@@ -49,7 +49,8 @@ try:
     # OPTIONS["pool"]) and gives them back when a request, socket message or task ends.
     # Persistent per-thread connections (CONN_MAX_AGE) leaked under Daphne, which runs each
     # request on a thread of its own: a few hundred ordinary GETs used up Postgres'
-    # max_connections and the hub stopped answering (issue 16). README: "Postgres connections".
+    # max_connections and the hub stopped answering (issue 16). docs/operators.md: "Postgres
+    # connections".
     if env_str("DATABASE_CONN_MAX_AGE") not in {"", "0"}:
         raise EnvError(
             "DATABASE_CONN_MAX_AGE is no longer supported: persistent connections leaked under "

@@ -32,7 +32,8 @@ LOG_DRIVER = "local"
 LOG_FILES = 4
 
 # Every capability is dropped and only these come back: what ordinary images need as root in
-# their own container (README, "What a rental can reach and use"). CHOWN, DAC_OVERRIDE and
+# their own container (docs/suppliers.md, "What a rental can reach and use"). CHOWN,
+# DAC_OVERRIDE and
 # FOWNER: entrypoints that fix ownership of volumes, pip and apt writing as root into files of
 # other users. SETUID and SETGID: gosu/su/sudo entrypoints (Jupyter's start script, ComfyUI's),
 # apt dropping to _apt, sshd's privilege separation. SYS_CHROOT: sshd's pre-auth sandbox.

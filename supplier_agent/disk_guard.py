@@ -11,7 +11,8 @@ guard measures each rental (disk_usage.py) every ``interval_s``, and sooner when
 (``tick_s``), the host's free space has fallen, or a rental's processes have written (their
 kernel counters: the free space alone misses a writer while something else frees space), by
 more than the rental's headroom since the last pass. A full-speed writer is so caught about a
-tick and a pass after it crosses its allowance: MARGIN_BYTES, which the README promises, holds
+tick and a pass after it crosses its allowance: MARGIN_BYTES, which docs/suppliers.md promises,
+holds
 while a pass takes well under a second (0.22 s for 8 rentals of 10,000 files each,
 docs/benchmarks.md); a pass
 over rentals with hundreds of thousands of files takes seconds, and the overshoot grows with
@@ -64,8 +65,8 @@ TICK_S = 0.25
 # must not turn the host's ordinary disk noise into a pass a second) since the last one.
 TRIGGER_BYTES = 256 * MIB
 MIN_TRIGGER_BYTES = 32 * MIB
-# What a full-speed writer may overshoot by (README): the trigger, plus a tick and a pass of
-# writing at ~400 MiB/s.
+# What a full-speed writer may overshoot by (docs/suppliers.md): the trigger, plus a tick and a
+# pass of writing at ~400 MiB/s.
 MARGIN_BYTES = 1 * GIB
 # Above the supplier's floor: the free space at which the biggest writer is stopped, so that
 # it does not reach the floor itself.

@@ -59,7 +59,7 @@ PIP_TIMEOUT_S = 1800
 CHECK_TIMEOUT_S = 60  # smoke gives up after 10 s itself
 # `run --trial` gets its window plus this for its start-up (imports, Docker, NVML, the probe).
 TRIAL_SLACK_S = 60
-DEADLINE_S = 600  # the whole upgrade, as the README promises; the rollback is not counted
+DEADLINE_S = 600  # the whole upgrade, as docs/suppliers.md promises; the rollback is not counted
 HEALTH_WINDOW_S = 30
 LEGACY_PREVIOUS = "venv.previous"
 # The installer (install.sh) takes the same lock with flock(1): never both at once.

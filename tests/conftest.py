@@ -30,8 +30,8 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.PASSWORD_HASHERS = ["tests.conftest.FastPBKDF2PasswordHasher"]
 
 
-# --- Lanes (README, "What `make test` runs"). Every test gets one of unit / services / e2e /
-# browser; `make test-fast` runs `-m "(unit or services) and not docker and not slow"`.
+# --- Lanes (docs/testing.md, "What `make test` runs"). Every test gets one of unit / services /
+# e2e / browser; `make test-fast` runs `-m "(unit or services) and not docker and not slow"`.
 # The lane, first match:
 #   a lane marker written on the test (or its module's pytestmark) wins;
 #   the `browser` fixture (tests/web/conftest.py) -> browser;
