@@ -19,8 +19,12 @@ $(STAMP): requirements/hub.txt requirements/agent.txt requirements/dev.txt pypro
 run: venv
 	$(BIN)/python -m hub.runner serve $(if $(WEB),--web $(WEB))
 
+# TEST_WORKERS processes share the suite (pytest-xdist); the tests that use the machine's Docker
+# engine run on two of them, by file (tests/conftest.py, _host_group).
+TEST_WORKERS ?= 4
+
 test: venv lint
-	$(BIN)/python -m hub.runner exec --state .state/test -- $(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m hub.runner exec --state .state/test -- $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The fast lane (docs/testing.md, "What `make test` runs"): unit and services tests only; no Docker,
 # browser or hub processes. Same services as `make test`; no lint.

@@ -88,8 +88,6 @@ BACKOFF_CAP_S = 60.0
 # A connection that lived this long counts as healthy: the next failure starts backoff afresh.
 STABLE_CONNECTION_S = 60.0
 DEADMAN_CHECK_S = 5.0
-HOUSEKEEPING_FIRST_S = 60.0
-HOUSEKEEPING_EVERY_S = 3600.0
 # A lease is released by the dead-man switch only this long after its paid time, so a short
 # hub outage around a top-up never ends paid work.
 DEADMAN_GRACE_S = 300
@@ -518,7 +516,7 @@ class Agent:
     async def _housekeeping_loop(self, stop: asyncio.Event) -> None:
         """Idle renters' volumes removed (volumes.py), soon after start, then hourly, and the
         hub told what is left and what went."""
-        delay = HOUSEKEEPING_FIRST_S
+        delay = self.config.housekeeping_first_s
         while not stop.is_set():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)
@@ -531,7 +529,7 @@ class Agent:
             # Disconnected, it would only queue up: the next welcome brings a fresh report.
             if self.connected.is_set():
                 await self._report_volumes(measure=True)
-            delay = HOUSEKEEPING_EVERY_S
+            delay = self.config.housekeeping_every_s
 
     async def _report_volumes(self, *, measure: bool) -> None:
         try:

@@ -67,6 +67,10 @@ class AgentConfig:
     # Rent out images that exist only on this host, unpulled (containers.obtain_image): off,
     # every rental pulls its image anonymously from a public registry.
     allow_local_images: bool = False
+    # Housekeeping (volume janitor, volume usage reports): first this long after start, then
+    # every housekeeping_every_s. Tests shorten both to see a report without waiting a minute.
+    housekeeping_first_s: float = 60.0
+    housekeeping_every_s: float = 3600.0
 
     @property
     def ws_url(self) -> str:
@@ -243,6 +247,10 @@ def load(flags: dict[str, str | None], env: dict[str, str] | None = None) -> Age
         disk_allowance_gib=_positive("disk_allowance_gib", pick("disk_allowance_gib", "50")),
         container_log_mib=_positive("container_log_mib", pick("container_log_mib", "64")),
         allow_local_images=(pick("allow_local_images") or "").lower() in {"1", "true", "yes"},
+        housekeeping_first_s=_positive("housekeeping_first_s", pick("housekeeping_first_s", "60")),
+        housekeeping_every_s=max(
+            1.0, _positive("housekeeping_every_s", pick("housekeeping_every_s", "3600"))
+        ),
     )
     websocket_url(config.hub_url)  # fail now, not at the first connection
     return config

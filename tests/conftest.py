@@ -83,6 +83,35 @@ SLOW = (
     "hub/agents/test_agent_socket.py::test_log_chunks_",
 )
 DB_FIXTURES = {"db", "transactional_db", "live_server"}
+# Under pytest-xdist (`make test`: `-n` workers, `--dist loadgroup`), the tests that use this
+# machine's Docker engine run on two workers, by file (a module's fixtures are set up once):
+# their agents share the `cloudgpu` network and the CLOUDGPU-* packet-filter chains (rewritten
+# whole, atomically, at each lease start; tests/e2e/test_hostile_tenant.py allows a range again
+# until it is reached), and the disk guard's tests measure a disk others write to (their floors
+# sit relative to what is free at the time). Compose brings up a hub of its own on a third.
+# Everything else is isolated per worker: the database (pytest-django's test_<name>_gwN), Redis
+# keys (tests/xdist_worker_env.py), ports, state and lock folders.
+COMPOSE_TESTS = "e2e/test_compose.py"
+# The rental suites through a live hub; the agent's, the runner's, the browser's and the
+# hostile-host ones make up the other Docker worker's share (about even, by --durations).
+DOCKER_RENTAL_SUITES = (
+    "e2e/test_renter_volumes.py",
+    "e2e/test_renter_ssh.py",
+    "e2e/test_tunnels.py",
+    "e2e/test_renter_caches.py",
+    "e2e/test_hostile_tenant.py",
+    "e2e/test_terminals.py",
+    "e2e/test_prometheus.py",
+    "e2e/test_control_plane.py",
+)
+
+
+def _host_group(where: str) -> str:
+    if where.startswith(COMPOSE_TESTS):
+        return "compose"
+    return "docker-rentals" if where.startswith(DOCKER_RENTAL_SUITES) else "docker"
+
+
 DOCKER_FIXTURES = {"docker_client", "busybox_image"}
 
 
@@ -109,6 +138,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(getattr(pytest.mark, _lane(item, where)))
         if set(getattr(item, "fixturenames", ())) & DOCKER_FIXTURES:
             item.add_marker(pytest.mark.docker)
+        if item.get_closest_marker("docker"):
+            item.add_marker(pytest.mark.xdist_group(_host_group(where)))
         node = where + item.nodeid.partition(".py")[2]
         if node.startswith(SLOW):
             item.add_marker(pytest.mark.slow)
@@ -134,19 +165,39 @@ def docker_client() -> Iterator[object]:
     import docker
     from docker.errors import DockerException
 
-    from tests.support.docker_cleanup import remove_containers
-
     try:
         client = docker.from_env(timeout=30)
         client.ping()
     except DockerException as exc:
         _docker_unavailable(f"no Docker engine reachable ({exc})")
     yield client
-    # Whatever a test's own clean-up missed (a failure halfway, a container an agent started
-    # after the test had listed them): nothing of the test image outlives the run. Only the
-    # test image, so a developer's own hub and its rentals on this engine are left alone.
-    remove_containers(client, {"ancestor": TEST_IMAGE})
     client.close()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Whatever a test's own clean-up missed (a failure halfway, a container an agent started
+    after the test had listed them): nothing of the test image outlives the run. Only the test
+    image, so a developer's own hub and its rentals on this engine are left alone. Run once,
+    by the process that ran the tests or, under xdist, by the controller after every worker
+    has finished (a worker's own session end would take containers from under another's)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    controller = session.config.pluginmanager.hasplugin("dsession")  # xdist's, with -n
+    if not controller and not any(item.get_closest_marker("docker") for item in session.items):
+        return  # no Docker test ran here (`make test-fast`): someone else's containers stay
+    import docker
+    from docker.errors import DockerException
+
+    from tests.support.docker_cleanup import remove_containers
+
+    try:
+        client = docker.from_env(timeout=30)
+        try:
+            remove_containers(client, {"ancestor": TEST_IMAGE})
+        finally:
+            client.close()
+    except DockerException:
+        return  # no engine: no containers
 
 
 @pytest.fixture(scope="session")

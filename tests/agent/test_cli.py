@@ -145,3 +145,19 @@ def test_cache_cleanup_settings_come_from_the_environment(tmp_path: Path) -> Non
     assert (config.volume_idle_days, config.disk_floor_gib) == (3.0, 50.0)
     with pytest.raises(ConfigError, match="volume_idle_days must be a number"):
         load({"state": str(state)}, env={"CLOUDGPU_VOLUME_IDLE_DAYS": "two weeks"})
+
+
+def test_housekeeping_times_come_from_the_environment_with_a_floor(tmp_path: Path) -> None:
+    from supplier_agent.config import ConfigError, load
+
+    state = tmp_path / "state"
+    assert configure(state, "https://hub.example.com", new_token()).returncode == 0
+    default = load({"state": str(state)}, env={})
+    assert (default.housekeeping_first_s, default.housekeeping_every_s) == (60.0, 3600.0)
+
+    env = {"CLOUDGPU_HOUSEKEEPING_FIRST_S": "5", "CLOUDGPU_HOUSEKEEPING_EVERY_S": "0"}
+    config = load({"state": str(state)}, env=env)
+    # Never a busy loop: at most once a second however small the setting.
+    assert (config.housekeeping_first_s, config.housekeeping_every_s) == (5.0, 1.0)
+    with pytest.raises(ConfigError, match="housekeeping_first_s cannot be negative"):
+        load({"state": str(state)}, env={"CLOUDGPU_HOUSEKEEPING_FIRST_S": "-1"})

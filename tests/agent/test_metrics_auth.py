@@ -57,6 +57,8 @@ def test_the_right_token_reads_the_metrics(guarded: int) -> None:
 @pytest.mark.parametrize(
     "authorization",
     [None, "Bearer wrong-token-of-some-length", f"Basic {TOKEN}", f"Bearer {TOKEN}x", "Bearer"],
+    # Named, not shown: the token is random, and ids must match across xdist workers.
+    ids=["missing", "wrong", "basic", "longer", "empty-bearer"],
 )
 def test_a_wrong_or_missing_token_gets_401(guarded: int, authorization: str | None) -> None:
     status, body, headers = _get(guarded, authorization)

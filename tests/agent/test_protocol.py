@@ -34,8 +34,10 @@ from supplier_agent.protocol import (
     parse_message,
 )
 
-LEASE = str(uuid.uuid4())
-COMMAND = str(uuid.uuid4())
+# Fixed, not random: they appear in parametrized test ids, which must be the same in every
+# pytest-xdist worker's collection.
+LEASE = "1929887f-bcd9-44c5-a6e6-5e40601a8b0a"
+COMMAND = "50dd75a5-e4ea-4fb5-bb45-c90109085d36"
 GPU_UUID = "GPU-12345678-abcd-ef01-2345-6789abcdef01"
 VOL = "vol-" + "a" * 40
 VOL2 = "vol-" + "0123456789" * 4

@@ -20,6 +20,7 @@ import httpx
 import pytest
 import redis
 from asgiref.sync import async_to_sync
+from django.conf import settings
 from websockets.sync.client import connect as ws_connect
 
 from hub.lib.channel_layer import ResilientRedisChannelLayer
@@ -87,7 +88,7 @@ def test_agent_sockets_survive_a_redis_outage_and_hear_the_hub_after_it(tmp_path
 
         stack.enter_context(own_redis(redis_port, tmp_path / "redis-2.log"))
         # The hub reaches the same socket through the channel layer again.
-        layer = ResilientRedisChannelLayer(hosts=[redis_url], prefix="cloudgpu")
+        layer = ResilientRedisChannelLayer(hosts=[redis_url], prefix=settings.REDIS_KEY_PREFIX)
         nonce = uuid.uuid4().hex
         frame = encode(Ping(nonce=nonce))
         async_to_sync(layer.send)(host.channel_name, {"type": "agent.command", "frame": frame})
@@ -218,7 +219,8 @@ def test_a_redis_restart_from_an_old_snapshot_marks_no_host_offline_early(tmp_pa
         stack.callback(redis_client.close)
 
         def deadline() -> float:
-            return float(redis_client.zscore("cloudgpu:host-liveness", str(host.pk)) or 0)
+            key = f"{settings.REDIS_KEY_PREFIX}:host-liveness"
+            return float(redis_client.zscore(key, str(host.pk)) or 0)
 
         snapshot_deadline = wait_for(deadline, timeout_s=30, what="a liveness deadline")
         redis_client.save()

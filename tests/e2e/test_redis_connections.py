@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from django.conf import settings
 
 from bench import redis_clients
 from hub.accounts.api_tokens import create_api_token
@@ -112,4 +113,5 @@ def test_every_hub_process_holds_at_most_two_redis_connections(tmp_path: Path) -
         assert all(found[name] for name in processes), redis_clients.describe(found)
         # The web process's are the channel layer's pool, named after it (CLIENT SETNAME).
         web_names = {entry["name"] for entry in found["web"]}
-        assert web_names == {f"cloudgpu:web:{processes['web']}"}, redis_clients.describe(found)
+        expected = f"{settings.REDIS_KEY_PREFIX}:web:{processes['web']}"
+        assert web_names == {expected}, redis_clients.describe(found)

@@ -27,6 +27,10 @@ def agent_env(**extra: str) -> dict[str, str]:
     # the machines tests run on may have less free than that. tests/e2e/test_hostile_disk.py
     # tests the floor itself.
     env.setdefault("CLOUDGPU_DISK_FLOOR_GIB", "1")
+    # Volume usage reported every 10 s, not after the first minute and then hourly: the
+    # volume tests wait for a report (tests/e2e/test_renter_volumes.py).
+    env.setdefault("CLOUDGPU_HOUSEKEEPING_FIRST_S", "10")
+    env.setdefault("CLOUDGPU_HOUSEKEEPING_EVERY_S", "10")
     return env
 
 

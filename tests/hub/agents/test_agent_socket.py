@@ -121,7 +121,12 @@ async def _registered(
     return communicator, welcome
 
 
-@pytest.mark.parametrize("token", [None, "nonsense", "cgpu_" + "a" * 36, generate_token()])
+@pytest.mark.parametrize(
+    "token",
+    [None, "nonsense", "cgpu_" + "a" * 36, generate_token()],
+    # Named, not shown: a generated token differs in each xdist worker's collection.
+    ids=["missing", "nonsense", "unknown", "generated"],
+)
 async def test_a_bad_token_is_refused_before_anything_changes(token: str | None) -> None:
     communicator = await _connect(token)
     connected, _ = await communicator.connect()
