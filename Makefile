@@ -29,7 +29,7 @@ test: venv lint
 # The fast lane (docs/testing.md, "What `make test` runs"): unit and services tests only; no Docker,
 # browser or hub processes. Same services as `make test`; no lint.
 test-fast: venv
-	$(BIN)/python -m hub.runner exec --state .state/test -- $(BIN)/python -m pytest -m "(unit or services) and not docker and not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m hub.runner exec --state .state/test -- $(BIN)/python -m pytest -n 2 -m "(unit or services) and not docker and not slow" $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

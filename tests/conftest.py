@@ -151,6 +151,7 @@ class FastPBKDF2PasswordHasher(PBKDF2PasswordHasher):
 
 BUSYBOX_STATIC = Path("/bin/busybox")
 TEST_IMAGE = "cloudgpu-test/busybox:latest"
+TEST_IMAGE_LABEL = "cloudgpu-test-image"
 
 
 def _docker_unavailable(reason: str) -> None:
@@ -193,7 +194,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     try:
         client = docker.from_env(timeout=30)
         try:
-            remove_containers(client, {"ancestor": TEST_IMAGE})
+            remove_containers(client, {"label": TEST_IMAGE_LABEL})
         finally:
             client.close()
     except DockerException:
@@ -207,6 +208,10 @@ def busybox_image(docker_client: object) -> str:
         _docker_unavailable(f"{BUSYBOX_STATIC} is missing (apt-get install busybox-static)")
     dockerfile = (
         b"FROM scratch\n"
+        # Containers carry their image's labels: the session's clean-up finds every container
+        # of any build of this image by it (two xdist workers build the tag at once, and the
+        # tag then names only one of the two images).
+        b"LABEL cloudgpu-test-image=1\n"
         b"COPY busybox /bin/busybox\n"
         b'RUN ["/bin/busybox", "--install", "-s", "/bin"]\n'
         b'CMD ["/bin/sh"]\n'

@@ -62,7 +62,15 @@ class Runner:
 
 @contextmanager
 def runner(state: Path, **extra_env: str) -> Iterator[Runner]:
-    env = {k: v for k, v in os.environ.items() if k not in _SERVICE_VARS} | extra_env
+    # The gateway's ports free ones unless the test names them: runner tests run side by side
+    # under xdist, and the default 2222 would be taken by the first.
+    gateway_ports = {
+        "HUB_GATEWAY_SSH_PORT": str(free_port()),
+        "HUB_GATEWAY_HTTP_PORT": str(free_port()),
+    }
+    env = (
+        {k: v for k, v in os.environ.items() if k not in _SERVICE_VARS} | gateway_ports | extra_env
+    )
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "hub.runner", "serve", "--state", str(state), "--port", str(port)],

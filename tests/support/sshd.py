@@ -68,13 +68,20 @@ def ensure_tunnel_user(name: str = TUNNEL_USER) -> None:
         return True
 
     wait_for(exists, timeout_s=30, interval_s=0.2, what=f"the system user {name}")
+
     # useradd leaves the account "locked" ('!' in /etc/shadow) and sshd without PAM refuses a
     # locked account even for key logins; '*' keeps it password-less but usable with keys.
     # (PAM is off in these tests: pam_loginuid fails in many containers.)
-    shadow = Path("/etc/shadow").read_text().splitlines()
-    entry = next((line.split(":") for line in shadow if line.startswith(f"{name}:")), None)
-    if entry is not None and entry[1].startswith("!"):
-        subprocess.run(["usermod", "-p", "*", name], check=True, capture_output=True, timeout=30)
+    # Polled, not once: another xdist worker's useradd or usermod may hold passwd's lock.
+    def unlocked() -> bool:
+        shadow = Path("/etc/shadow").read_text().splitlines()
+        entry = next((line.split(":") for line in shadow if line.startswith(f"{name}:")), None)
+        if entry is None or not entry[1].startswith("!"):
+            return True
+        subprocess.run(["usermod", "-p", "*", name], check=False, capture_output=True, timeout=30)
+        return False
+
+    wait_for(unlocked, timeout_s=30, interval_s=0.2, what=f"the system user {name} unlocked")
 
 
 def _private_dir(prefix: str) -> Path:

@@ -99,6 +99,11 @@ USAGE
   # Nothing started from here on (pip, the agent, the service) inherits it. CLOUDGPU_CONFIG is
   # set below for the checks of a staged config only, never taken from the caller.
   unset CLOUDGPU_TOKEN CLOUDGPU_CONFIG
+  # The agent ranks CLOUDGPU_* settings above its config file: one inherited from the caller
+  # (sudo -E, a non-root install) would make the checks below try other settings than the
+  # file that gets installed. The names only, never a value, are listed here.
+  local cloudgpu_var
+  for cloudgpu_var in $(compgen -v CLOUDGPU_); do unset "$cloudgpu_var"; done
 
   [[ $prefix == /* ]] || prefix=$PWD/$prefix
   prefix=${prefix%/}
