@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
+from tests.support.docker_cleanup import TEST_IMAGE_LABEL
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # The hub pools its connections per process; this process makes and drops the test database
@@ -151,7 +153,6 @@ class FastPBKDF2PasswordHasher(PBKDF2PasswordHasher):
 
 BUSYBOX_STATIC = Path("/bin/busybox")
 TEST_IMAGE = "cloudgpu-test/busybox:latest"
-TEST_IMAGE_LABEL = "cloudgpu-test-image"
 
 
 def _docker_unavailable(reason: str) -> None:
@@ -211,7 +212,7 @@ def busybox_image(docker_client: object) -> str:
         # Containers carry their image's labels: the session's clean-up finds every container
         # of any build of this image by it (two xdist workers build the tag at once, and the
         # tag then names only one of the two images).
-        b"LABEL cloudgpu-test-image=1\n"
+        b"LABEL " + TEST_IMAGE_LABEL.encode() + b"=1\n"
         b"COPY busybox /bin/busybox\n"
         b'RUN ["/bin/busybox", "--install", "-s", "/bin"]\n'
         b'CMD ["/bin/sh"]\n'

@@ -30,7 +30,7 @@ from supplier_agent.containers import (
 from supplier_agent.limits import HostResources, Reserve, nofile_limit
 from supplier_agent.protocol import CacheVolume, DockerRun, RenterVolume
 from tests.support import control_plane
-from tests.support.docker_cleanup import remove_containers, remove_volume
+from tests.support.docker_cleanup import TEST_IMAGE_LABEL, remove_containers, remove_volume
 from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.docker
@@ -171,7 +171,9 @@ def test_container_is_hardened_and_labelled(
         ("volume", f"cloudgpu-cache-{_cache_name(agent_id)}", "/cache")
     ]
     assert not host["DeviceRequests"]  # gpu_devices="none"
-    assert inspect["Config"]["Labels"] == {
+    # Less the test image's own label, which Docker copies onto every container of it.
+    labels = {k: v for k, v in inspect["Config"]["Labels"].items() if k != TEST_IMAGE_LABEL}
+    assert labels == {
         "cloudgpu.claim": agent_id,
         "cloudgpu.lease": spec.lease_id,
         "cloudgpu.ports": "8080",

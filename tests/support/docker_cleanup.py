@@ -12,6 +12,10 @@ from typing import Any
 
 from docker.errors import APIError, NotFound
 
+# The label the session's test image carries (tests/conftest.py, busybox_image); Docker copies
+# an image's labels onto its containers, so the session's clean-up finds them by it.
+TEST_IMAGE_LABEL = "cloudgpu-test-image"
+
 
 def remove_containers(client: Any, filters: dict[str, str]) -> int:
     """Force-remove every container (and its anonymous volumes) matching ``filters``; the
