@@ -10,6 +10,7 @@ from typing import Any
 from celery import Celery, bootsteps
 from celery.signals import setup_logging
 
+from hub.lib import celery_ack_watchdog
 from hub.lib.metrics_dir import sweep
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hub.settings")
@@ -55,6 +56,7 @@ class AliveFile(bootsteps.StartStopStep):  # type: ignore[misc]  # celery is unt
 
 
 app.steps["consumer"].add(AliveFile)
+celery_ack_watchdog.install(app)
 
 
 if os.environ.get("LOG_FORMAT", "").strip().lower() == "json":
