@@ -15,7 +15,9 @@ from hub.lib import celery_ack_watchdog
 
 
 def make_app(broker_url: str) -> Celery:
-    app = Celery("ack_test", broker=broker_url)
+    # Not the current app: imported into a test process, it would otherwise become the app
+    # the hub's shared tasks send through (to this test's Redis, killed by then).
+    app = Celery("ack_test", broker=broker_url, set_as_current=False)
     app.conf.update(
         task_acks_late=True,
         worker_prefetch_multiplier=1,

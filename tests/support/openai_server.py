@@ -61,6 +61,7 @@ def openai_server(
                 seen.max_tokens.append(int(body["max_tokens"]))
                 seen.in_flight += 1
                 seen.peak_in_flight = max(seen.peak_in_flight, seen.in_flight)
+            counted = True
             try:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
@@ -72,11 +73,17 @@ def openai_server(
                         time.sleep(itl_s)
                     self._event({"model": model, "choices": [{"index": 0, "text": f" t{n}"}]})
                 self._event({"model": model, "choices": [], "usage": {"completion_tokens": tokens}})
+                # Out of the count before the client can see the end: once it has read [DONE]
+                # it may send its next request before this thread ran another line.
+                with seen.lock:
+                    seen.in_flight -= 1
+                counted = False
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
             finally:
-                with seen.lock:
-                    seen.in_flight -= 1
+                if counted:
+                    with seen.lock:
+                        seen.in_flight -= 1
             self.close_connection = True
 
         def _event(self, data: object) -> None:
