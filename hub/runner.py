@@ -113,6 +113,18 @@ def _manage(env: dict[str, str], log_path: Path | None, *args: str) -> str:
     return result.stdout
 
 
+def _plan_mail(env: dict[str, str], state: Path) -> str:
+    """The trial's notices: emails printed in the worker's log unless an SMTP server is
+    configured, and webhooks allowed to a receiver on this machine (http to loopback)."""
+    env.setdefault("WEBHOOK_ALLOW_LOOPBACK", "1")
+    if "EMAIL_BACKEND" not in env and not env.get("EMAIL_HOST"):
+        env["EMAIL_BACKEND"] = "django.core.mail.backends.console.EmailBackend"
+    if env.get("EMAIL_BACKEND", "").endswith("console.EmailBackend"):
+        return f"  mail       printed in {state / 'worker.log'} (set EMAIL_HOST to send it)"
+    server = f"{env.get('EMAIL_HOST', 'localhost')}:{env.get('EMAIL_PORT', '25')}"
+    return f"  mail       sent through {server}"
+
+
 def _demo_account_lines(env: dict[str, str], state: Path) -> list[str]:
     """Create the demo accounts where missing; the summary's lines about them: their passwords
     on the run that creates them (at the end, where they do not scroll away), else how to set
@@ -382,6 +394,7 @@ def serve(state: Path, host: str, port: int, web: int = 1) -> int:
         # DEBUG stays off unless asked for (DEBUG=1 make run): a newcomer gets the hub's own
         # error pages, never Django's debug page listing every URL pattern.
         env.setdefault("HUB_PUBLIC_URL", f"http://{host}:{port}")
+        mail_line = _plan_mail(env, state)
         gateway = _plan_gateway(state, env, port)
         print(f"Applying migrations (log in {state / 'migrate.log'}) ...", flush=True)
         _manage(env, state / "migrate.log", "migrate", "--noinput", "--verbosity", "1")
@@ -456,6 +469,7 @@ def serve(state: Path, host: str, port: int, web: int = 1) -> int:
             runtime = _start_demo_agent(supervisor, state / "demo-agent", env, base)
             demo_agent = state / "demo-agent"
             lines.append(f"  demo agent {runtime}, log in {agent_log}")
+        lines.append(mail_line)
         lines.append(f"  logs       web.log, worker.log, beat.log, migrate.log in {state}")
         lines.append(f"  state      {state}")
         lines.extend(account_lines)

@@ -135,6 +135,7 @@ INSTALLED_APPS = [
     "hub.catalog",
     "hub.volumes",
     "hub.benchmarks",
+    "hub.notifications",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -649,3 +650,58 @@ except ValueError:
 GPU_DELIST_ECC_UNCORRECTED = env_int("GPU_DELIST_ECC_UNCORRECTED", 1)
 GPU_DELIST_LOST = env_bool("GPU_DELIST_LOST", True)
 GPU_DELIST_THERMAL = env_bool("GPU_DELIST_THERMAL", False)
+
+# --- Notifications (hub/notifications): email and signed webhooks ----------------------------
+# Email through Django's framework: EMAIL_BACKEND is SMTP unless set (`make run` sets the
+# console backend: mail shows in the worker's log); EMAIL_HOST, EMAIL_PORT, EMAIL_HOST_USER,
+# EMAIL_HOST_PASSWORD (or _FILE), EMAIL_USE_TLS / EMAIL_USE_SSL, DEFAULT_FROM_EMAIL.
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_secret("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "CloudGPU <notifications@localhost>")
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise ImproperlyConfigured("EMAIL_USE_TLS and EMAIL_USE_SSL: set one of them, not both")
+# A burst of one kind for one account within this many seconds becomes one event.
+NOTIFY_COALESCE_S = env_int("NOTIFY_COALESCE_S", 30)
+# The beat's sweep of due events and deliveries (what a lost task left, coalesced events).
+NOTIFY_SWEEP_S = env_int("NOTIFY_SWEEP_S", 5)
+# The low-balance threshold of an account that never set one (micro-USD; 0: none).
+NOTIFY_LOW_BALANCE_DEFAULT_MICROS = env_int("NOTIFY_LOW_BALANCE_DEFAULT_MICROS", 5_000_000)
+# Each webhook request as a whole (connect, send, answer); retries back off from
+# WEBHOOK_RETRY_BASE_S (hub/notifications/delivery.py) until WEBHOOK_RETRY_FOR_S after the event.
+WEBHOOK_TIMEOUT_S = env_int("WEBHOOK_TIMEOUT_S", 5)
+WEBHOOK_RETRY_BASE_S = env_int("WEBHOOK_RETRY_BASE_S", 30)
+WEBHOOK_RETRY_FOR_S = env_int("WEBHOOK_RETRY_FOR_S", 86400)
+# Webhooks to loopback (and plain http there): a developer's receiver; never in production.
+WEBHOOK_ALLOW_LOOPBACK = env_bool("WEBHOOK_ALLOW_LOOPBACK", DEBUG)
+NOTIFICATION_RETENTION_DAYS = env_int("NOTIFICATION_RETENTION_DAYS", 30)
+if min(NOTIFY_SWEEP_S, WEBHOOK_TIMEOUT_S, WEBHOOK_RETRY_BASE_S, NOTIFICATION_RETENTION_DAYS) < 1:
+    raise ImproperlyConfigured(
+        "NOTIFY_SWEEP_S, WEBHOOK_TIMEOUT_S, WEBHOOK_RETRY_BASE_S and NOTIFICATION_RETENTION_DAYS "
+        "must be at least 1"
+    )
+if NOTIFY_COALESCE_S < 0 or WEBHOOK_RETRY_FOR_S < 0 or NOTIFY_LOW_BALANCE_DEFAULT_MICROS < 0:
+    raise ImproperlyConfigured(
+        "NOTIFY_COALESCE_S, WEBHOOK_RETRY_FOR_S and NOTIFY_LOW_BALANCE_DEFAULT_MICROS cannot be "
+        "negative"
+    )
+CELERY_BEAT_SCHEDULE["notify-events"] = {
+    "task": "notifications.process_events",
+    "schedule": float(NOTIFY_SWEEP_S),
+    "options": {"expires": float(NOTIFY_SWEEP_S)},
+}
+CELERY_BEAT_SCHEDULE["notify-webhooks"] = {
+    "task": "notifications.deliver_webhooks",
+    "schedule": float(NOTIFY_SWEEP_S),
+    "options": {"expires": float(NOTIFY_SWEEP_S)},
+}
+CELERY_BEAT_SCHEDULE["notify-prune"] = {
+    "task": "notifications.prune",
+    "schedule": float(LEASE_RETENTION_INTERVAL_S),
+    "options": {"expires": float(LEASE_RETENTION_INTERVAL_S)},
+}

@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import timedelta
 
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from hub.accounts.models import DEFAULT_API_SCOPES, ApiScope, ApiToken, User
 from hub.lib import tokens
+from hub.notifications.events import emit
 
 PREFIX = "cgpr_"
 # last_used_at is for people ("used today?"): one UPDATE a minute per token is plenty, and a
@@ -70,13 +72,21 @@ def create_api_token(
         if missing:
             raise ScopeEscalation(missing)
     plaintext = tokens.generate_token(PREFIX)
-    token = ApiToken.objects.create(
-        user=user,
-        name=name.strip()[:100],
-        prefix=tokens.visible_prefix(plaintext),
-        digest=tokens.digest(plaintext),
-        scopes=wanted,
-    )
+    with transaction.atomic():
+        token = ApiToken.objects.create(
+            user=user,
+            name=name.strip()[:100],
+            prefix=tokens.visible_prefix(plaintext),
+            digest=tokens.digest(plaintext),
+            scopes=wanted,
+        )
+        # Its owner hears of every new token (a stolen session minting one shows up). What
+        # tells it apart only: never the plaintext.
+        emit(
+            user.pk,
+            "security.api_token_created",
+            {"name": token.name, "prefix": token.prefix, "scopes": list(token.scopes)},
+        )
     return token, plaintext
 
 

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from hub.accounts.models import SshKey, User
 from hub.lib.ssh_keys import BadPublicKey, parse_public_key
+from hub.notifications.events import emit
 
 MAX_PER_ACCOUNT = 10
 # last_used_at is for people ("used today?"): at most one write a minute per key.
@@ -38,7 +39,7 @@ def add_ssh_key(user: User, text: str) -> SshKey:
             raise SshKeyError(f"an account holds at most {MAX_PER_ACCOUNT} SSH keys: delete one")
         try:
             with transaction.atomic():
-                return SshKey.objects.create(
+                added = SshKey.objects.create(
                     user=user,
                     key_type=key.key_type,
                     blob=key.blob,
@@ -49,6 +50,14 @@ def add_ssh_key(user: User, text: str) -> SshKey:
             raise SshKeyError(
                 f"this key ({key.fingerprint}) is already added to an account"
             ) from None
+        # In the add's transaction: a key that opens the account's rentals never arrives
+        # unannounced.
+        emit(
+            user.pk,
+            "security.ssh_key_added",
+            {"fingerprint": added.fingerprint, "comment": added.comment},
+        )
+        return added
 
 
 def delete_ssh_key(user: User, key_id: int) -> bool:

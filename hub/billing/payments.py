@@ -13,7 +13,7 @@ from typing import Protocol
 from django.db import IntegrityError, transaction
 
 from hub.accounts.models import User
-from hub.billing import services
+from hub.billing import low_balance, services
 from hub.billing.models import LedgerEntry
 from hub.billing.money import format_micros
 
@@ -51,6 +51,8 @@ def record_payment(
                     external_ref=ref,
                     reason=reason or f"payment through {processor}",
                 )
+                # Only with the row that credits it: a repeated delivery announces nothing.
+                services.notify_credited(account, amount_micros)
                 created = True
         except IntegrityError:
             # The same event, delivered twice at once: the other delivery wrote it.
@@ -60,4 +62,5 @@ def record_payment(
     if created:
         log.info("payment %s of %s for user %s", ref, format_micros(amount_micros), account.pk)
         services.review_funds(renter_ids=[account.pk])
+        low_balance.review_low_balances(renter_ids=[account.pk])
     return entry, created

@@ -18,6 +18,7 @@ from hub.accounts.models import User
 from hub.billing import services
 from hub.billing.models import LedgerEntry, Payout
 from hub.billing.money import format_micros
+from hub.notifications.events import emit
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ def request_payout(account: User, amount_micros: int) -> Payout:
                 f"you can ask for at most {format_micros(payable, cents=True)} now"
             )
         payout = Payout.objects.create(account=account, amount_micros=amount_micros)
+        _notify(payout, "payout.requested")
     log.info(
         "payout %s of %s requested by user %s", payout.pk, format_micros(amount_micros), account.pk
     )
@@ -144,13 +146,40 @@ def mark_payout_paid(payout_id: int, reference: str, by: User) -> Payout:
         payout.handled_by = by
         payout.ledger_entry = entry
         payout.save(update_fields=["state", "reference", "paid_at", "handled_by", "ledger_entry"])
+        _notify(payout, "payout.paid")
     log.info("payout %s marked paid by admin %s", payout.pk, by.pk)
     return payout
 
 
-def cancel_payout(payout_id: int, by: User) -> bool:
-    """The supplier's own, or staff: a requested payout no longer holds its money."""
+# What a supplier reads when staff cancel their payout without saying why.
+REFUSED_WITHOUT_REASON = "an administrator cancelled it; contact support to ask why"
+
+
+def cancel_payout(payout_id: int, by: User, reason: str = "") -> bool:
+    """The supplier's own, or staff: a requested payout no longer holds its money. Staff
+    cancelling someone else's payout refuse it: its supplier hears so, with ``reason``."""
     payouts = Payout.objects.filter(pk=payout_id, state=Payout.State.REQUESTED)
     if not by.is_staff:
         payouts = payouts.filter(account=by)
-    return bool(payouts.update(state=Payout.State.CANCELLED, handled_by=by))
+    with transaction.atomic():
+        # Locked, so that the notice goes with the one cancel that changed it.
+        payout = payouts.select_for_update().first()
+        if payout is None:
+            return False
+        payout.state = Payout.State.CANCELLED
+        payout.handled_by = by
+        payout.save(update_fields=["state", "handled_by"])
+        if payout.account_id != by.pk:
+            _notify(payout, "payout.refused", reason=" ".join(reason.split()) or None)
+    return True
+
+
+def _notify(payout: Payout, kind: str, *, reason: str | None = None) -> None:
+    data: dict[str, object] = {
+        "payout": str(payout.pk),
+        "amount": format_micros(payout.amount_micros, cents=True, symbol=""),
+        "amount_micros": payout.amount_micros,
+    }
+    if kind == "payout.refused":
+        data["reason"] = reason or REFUSED_WITHOUT_REASON
+    emit(payout.account_id, kind, data)

@@ -26,6 +26,7 @@ from hub.billing import metering
 from hub.billing.models import LedgerEntry
 from hub.billing.money import format_micros, format_rate
 from hub.leases.models import Lease
+from hub.notifications.events import emit
 from hub.suppliers.models import Host
 
 log = logging.getLogger(__name__)
@@ -291,6 +292,25 @@ def review_funds(
     return warned, out_of_funds
 
 
+# --- credit -------------------------------------------------------------------------------------
+
+
+def notify_credited(account: User, amount_micros: int) -> None:
+    """``topup.credited`` for money just added to the account (an admin's top-up, a payment),
+    in the caller's transaction, with the balance it made."""
+    balance = balance_micros(account)
+    emit(
+        account.pk,
+        "topup.credited",
+        {
+            "amount": format_micros(amount_micros, cents=True, symbol=""),
+            "amount_micros": amount_micros,
+            "balance": format_micros(balance, cents=True, symbol=""),
+            "balance_micros": balance,
+        },
+    )
+
+
 # --- adjustments --------------------------------------------------------------------------------
 
 
@@ -303,13 +323,17 @@ def adjust(account: User, amount_micros: int, reason: str, by: User) -> LedgerEn
         raise BillingError("an adjustment of zero changes nothing")
     if not (by.is_active and by.is_staff):
         raise BillingError("only staff can adjust balances")
-    entry = LedgerEntry.objects.create(
-        account=account,
-        kind=Kind.ADJUSTMENT,
-        amount_micros=amount_micros,
-        reason=reason,
-        created_by=by,
-    )
+    with transaction.atomic():
+        entry = LedgerEntry.objects.create(
+            account=account,
+            kind=Kind.ADJUSTMENT,
+            amount_micros=amount_micros,
+            reason=reason,
+            created_by=by,
+        )
+        if amount_micros > 0:
+            # A credit is a top-up to the person; a correction (negative) is not announced.
+            notify_credited(account, amount_micros)
     log.info(
         "balance of user %s adjusted by %s by admin %s: %s",
         account.pk,

@@ -9,7 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from hub.accounts.models import User
-from hub.billing import services
+from hub.billing import low_balance, services
 from hub.billing.models import LedgerEntry, TopUpRequest
 from hub.billing.money import MICROS_PER_UNIT
 
@@ -69,6 +69,9 @@ def add_top_up(
             request.handled_by = by
             request.ledger_entry = entry
             request.save(update_fields=["state", "handled_at", "handled_by", "ledger_entry"])
+        # At once rather than at the next billing sweep: a top-up back above the threshold
+        # re-arms the low-balance notice, a correction below it sends one.
+        low_balance.review_low_balances(renter_ids=[account.pk])
     return entry
 
 

@@ -10,6 +10,7 @@ from datetime import datetime
 
 from django.utils import timezone
 
+from hub.billing import low_balance
 from hub.billing import services as billing
 from hub.leases.models import Lease
 from hub.leases.services import release_lease
@@ -18,7 +19,8 @@ log = logging.getLogger(__name__)
 
 
 def charge_and_release(now: datetime | None = None) -> billing.ChargeRun:
-    """Charge what is due, then release (``no_funds``) what the renters cannot pay."""
+    """Charge what is due, then release (``no_funds``) what the renters cannot pay, then tell
+    renters below their low-balance threshold (hub/billing/low_balance.py)."""
     now = now or timezone.now()
     run = billing.charge_running_leases(now)
     released = 0
@@ -27,4 +29,7 @@ def charge_and_release(now: datetime | None = None) -> billing.ChargeRun:
         if lease.end_reason == Lease.EndReason.NO_FUNDS:
             released += 1
             log.info("released lease %s: its renter is out of funds", lease_id)
+    # After the charges (the balances are current) and the releases (a renter who ran out
+    # hears rental.ended, not that their rentals are about to stop).
+    low_balance.review_low_balances(now)
     return dataclasses.replace(run, released=released)

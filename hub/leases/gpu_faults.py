@@ -21,7 +21,8 @@ from django.utils import timezone
 
 from hub.leases.models import Lease
 from hub.lib import metrics
-from hub.suppliers.models import Gpu
+from hub.notifications.events import emit
+from hub.suppliers.models import Gpu, Host
 from supplier_agent.protocol import GpuHealth, GpuHealthReport
 
 log = logging.getLogger(__name__)
@@ -86,15 +87,28 @@ def delist_failed_gpus(host_id: int, faults: list[Fault]) -> list[int]:
             .filter(host_id=host_id, index__in=list(by_index), unhealthy_since__isnull=True)
             .order_by("pk")
         )
+        host: Host | None = None
         for gpu in gpus:
             fault = by_index[gpu.index]
             if gpu.uuid != fault.uuid:
                 continue
+            # One notice per GPU newly marked: "delisted" when this takes it off the market,
+            # "fault" when its supplier had it unlisted already (nothing was delisted, but it
+            # stays off until relisted, which they should know before relisting it).
+            kind = "gpu.delisted" if gpu.listed else "gpu.fault"
             gpu.listed = False
             gpu.unhealthy_since = now
             gpu.unhealthy_reason = fault.reason
             gpu.save(update_fields=["listed", "unhealthy_since", "unhealthy_reason"])
             delisted.append(fault)
+            host = host or Host.objects.only("owner_id", "name", "hostname", "agent_id").get(
+                pk=host_id
+            )
+            emit(
+                host.owner_id,
+                kind,
+                {"host": host.label, "gpu": gpu.index, "uuid": gpu.uuid, "reason": fault.reason},
+            )
             lease_ids = list(
                 Lease.objects.filter(
                     lease_gpus__gpu=gpu,

@@ -16,17 +16,19 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, Sum
 from django.utils import timezone
 
 from hub.accounts.models import User
 from hub.billing import metering
 from hub.billing import services as billing
-from hub.billing.money import format_rate
+from hub.billing.models import LedgerEntry
+from hub.billing.money import format_micros, format_rate
 from hub.celery import app as celery_app
 from hub.leases import cache_volumes, commands
 from hub.leases.models import Command, Lease, LeaseGpu
 from hub.lib import metrics
+from hub.notifications.events import emit
 from hub.suppliers.models import Gpu, Host
 from hub.tunnels import services as tunnels
 from hub.volumes.services import VolumeError, note_mounted
@@ -234,6 +236,7 @@ def release_lease(
             # The bill is final at the stop request: however long the host takes to carry
             # out the release (or however often it fails), the renter pays nothing more.
             billing.settle_lease(lease, now)
+            _notify_ended(lease)
             _withdraw_pending(lease, "superseded by release")
             _queue_command(lease, commands.release(lease, reason))
     return lease
@@ -271,6 +274,7 @@ def _free_gpus(lease: Lease) -> None:
 
 
 def _finish(lease: Lease, state: str, now: datetime, reason: str = "", failure: str = "") -> None:
+    previous = lease.state
     lease.state = state
     if reason and not lease.end_reason:
         lease.end_reason = reason
@@ -282,11 +286,18 @@ def _finish(lease: Lease, state: str, now: datetime, reason: str = "", failure: 
     billing.settle_lease(lease, now)
     _free_gpus(lease)
     tunnels.close(lease, now)
+    if state == State.FAILED and previous != State.FAILED:
+        _notify_failed(lease)
+    elif state == State.ENDED and previous in _COMMITTED:
+        # From stopping the renter heard it at the stop request (release_lease); a lease that
+        # ends without one (its host lost or restarted) is told here.
+        _notify_ended(lease)
 
 
 def _fail_and_release(lease: Lease, failure: str) -> None:
     """A lease that never ran: record why, and have the agent let go of whatever it holds.
     The GPUs stay granted until the agent confirms the release."""
+    previous = lease.state
     lease.state = State.FAILED
     lease.end_reason = Lease.EndReason.ERROR
     lease.failure_reason = failure
@@ -294,6 +305,69 @@ def _fail_and_release(lease: Lease, failure: str) -> None:
     lease.save()
     _withdraw_pending(lease, "superseded by release")
     _queue_command(lease, commands.release(lease, "error"))
+    if previous != State.FAILED:
+        _notify_failed(lease)
+
+
+# --- notifications (hub/notifications): written in the transition's transaction ------------------
+
+# States a lease bills in (or will once running): leaving them for stopping or ended is the
+# rental's end for its renter, who stops paying there, whatever the host's release does later.
+_COMMITTED = (State.PENDING, State.RESERVING, State.STARTING, State.RUNNING)
+_TIMES = "\u00d7"  # the multiplication sign: "2\u00d7 H100"
+
+
+def _gpus_words(lease: Lease) -> str:
+    """The lease's GPUs by model, as a renter names them: "2\u00d7 NVIDIA H100 80GB HBM3"."""
+    names = list(
+        LeaseGpu.objects.filter(lease=lease)
+        .order_by("gpu__index")
+        .values_list("gpu__name", flat=True)
+    )
+    counts: dict[str, int] = {}
+    for name in names:
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"{count}{_TIMES} {name}" for name, count in counts.items())
+
+
+def _notify_running(lease: Lease) -> None:
+    host = Host.objects.only("name", "hostname", "agent_id").get(pk=lease.host_id)
+    emit(
+        lease.renter_id,
+        "rental.running",
+        {
+            "lease": str(lease.pk),
+            "host": host.label,
+            "gpus": _gpus_words(lease),
+            "image": lease.image,
+        },
+    )
+
+
+def _notify_failed(lease: Lease) -> None:
+    emit(
+        lease.renter_id,
+        "rental.failed",
+        {"lease": str(lease.pk), "reason": lease.failure_reason or "the rental could not start"},
+    )
+
+
+def _notify_ended(lease: Lease) -> None:
+    """Called once the lease is settled: what the ledger charged it is its final cost."""
+    charged = LedgerEntry.objects.filter(lease=lease, kind=LedgerEntry.Kind.CHARGE).aggregate(
+        total=Sum("amount_micros")
+    )["total"]
+    cost = -int(charged or 0)
+    emit(
+        lease.renter_id,
+        "rental.ended",
+        {
+            "lease": str(lease.pk),
+            "reason": (lease.get_end_reason_display() or "ended").lower(),
+            "cost": format_micros(cost, cents=True, symbol=""),
+            "cost_micros": cost,
+        },
+    )
 
 
 # --- agent answers ------------------------------------------------------------------------------
@@ -425,6 +499,7 @@ def _advance(lease: Lease, command: Command, ack: Ack, now: datetime) -> None:
                 "warnings",
             ]
         )
+        _notify_running(lease)
     elif kind == Command.Kind.RELEASE:
         if not ack.ok and lease.lease_gpus.filter(active=True).exists():
             # The agent still holds the claim (its container would not go): try again in a

@@ -13,10 +13,12 @@ import logging
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from hub.leases.models import Command, Lease
+from hub.notifications.events import emit
 from hub.suppliers.models import Host
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,16 @@ def _last_release_error(host_id: int, lease_ids: list[object]) -> str:
     return (error or NO_ANSWER)[:2000]
 
 
+def _notify(host_id: int, lease_ids: list[object], error: str) -> None:
+    host = Host.objects.only("owner_id", "name", "hostname", "agent_id").get(pk=host_id)
+    for lease_id in sorted(lease_ids, key=str):
+        emit(
+            host.owner_id,
+            "release.stuck",
+            {"lease": str(lease_id), "host": host.label, "error": error},
+        )
+
+
 def flag_stuck_releases(now: datetime | None = None) -> list[int]:
     """Flag hosts with a release older than RELEASE_STUCK_AFTER_S, clear the others.
     Returns the ids of the hosts flagged now."""
@@ -56,9 +68,14 @@ def flag_stuck_releases(now: datetime | None = None) -> list[int]:
     newly = []
     for host_id, lease_ids in stuck.items():
         reason = _last_release_error(host_id, lease_ids)
-        if Host.objects.filter(pk=host_id, release_stuck_since__isnull=True).update(
-            release_stuck_since=now, release_stuck_reason=reason
-        ):
+        with transaction.atomic():
+            flagged = Host.objects.filter(pk=host_id, release_stuck_since__isnull=True).update(
+                release_stuck_since=now, release_stuck_reason=reason
+            )
+            if flagged:
+                # Once per flag (the compare-and-set above): one item per stuck lease.
+                _notify(host_id, lease_ids, reason)
+        if flagged:
             newly.append(host_id)
             log.warning(
                 "host %s flagged: %d release(s) stuck for over %ss (%s)",

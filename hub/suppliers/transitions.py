@@ -19,7 +19,9 @@ import logging
 from datetime import datetime
 
 from django.db import transaction
+from django.utils import timezone
 
+from hub.notifications.events import emit
 from hub.suppliers.models import Host, HostTransition
 
 log = logging.getLogger(__name__)
@@ -35,12 +37,16 @@ def set_online(host: Host, reason: str) -> None:
     (no id yet) is saved here, online, since its transition row needs its id."""
     if host.status == Status.ONLINE:
         return
+    is_new = host.pk is None
     previous, host.status = host.status, Status.ONLINE
-    if host.pk is None:
+    if is_new:
         host.save()
     HostTransition.objects.create(
         host=host, from_status=previous, to_status=Status.ONLINE, reason=reason
     )
+    if not is_new:
+        # A host joining for the first time is not "back": its supplier just installed it.
+        _notify(host.owner_id, "host.online", host.pk, host.label, timezone.now())
 
 
 def mark_offline(host_id: int, reason: str, now: datetime) -> bool:
@@ -58,6 +64,7 @@ def mark_offline(host_id: int, reason: str, now: datetime) -> bool:
         HostTransition.objects.create(
             host_id=host_id, from_status=Status.ONLINE, to_status=Status.OFFLINE, reason=reason
         )
+        _notify_of(host_id, "host.offline", now)
     return True
 
 
@@ -76,8 +83,23 @@ def bring_back(host_id: int, reason: str) -> bool:
         HostTransition.objects.create(
             host_id=host_id, from_status=Status.OFFLINE, to_status=Status.ONLINE, reason=reason
         )
+        _notify_of(host_id, "host.online", timezone.now())
     log.info("host %s is back (%s)", host_id, reason)
     return True
+
+
+def _notify(owner_id: int, kind: str, host_id: int, label: str, at: datetime) -> None:
+    # In the transition's transaction: the supplier hears of exactly the changes that commit.
+    emit(
+        owner_id,
+        kind,
+        {"host": str(host_id), "name": label, "at": at.isoformat(timespec="seconds")},
+    )
+
+
+def _notify_of(host_id: int, kind: str, at: datetime) -> None:
+    host = Host.objects.only("owner_id", "name", "hostname", "agent_id").get(pk=host_id)
+    _notify(host.owner_id, kind, host.pk, host.label, at)
 
 
 def set_maintenance(host_ids: list[int], on: bool, reason: str) -> int:

@@ -4,7 +4,16 @@ from django.contrib.auth.views import LogoutView
 from django.urls import path
 
 from hub.web import terminal
-from hub.web.views import accounts, api_tokens, benchmarks, renter, ssh_keys, supplier, volumes
+from hub.web.views import (
+    accounts,
+    api_tokens,
+    benchmarks,
+    notifications,
+    renter,
+    ssh_keys,
+    supplier,
+    volumes,
+)
 
 app_name = "web"
 
@@ -47,6 +56,39 @@ urlpatterns = [
     ),
     path("account/ssh-keys/", ssh_keys.ssh_keys, name="ssh-keys"),
     path("account/ssh-keys/<int:key_id>/delete/", ssh_keys.ssh_key_delete, name="ssh-key-delete"),
+    path("account/notifications/", notifications.notifications, name="notifications"),
+    path(
+        "account/notifications/low-balance/",
+        notifications.low_balance,
+        name="notifications-low-balance",
+    ),
+    path(
+        "account/notifications/email/",
+        notifications.email_preferences,
+        name="notifications-email",
+    ),
+    path("account/notifications/webhooks/", notifications.endpoint_add, name="webhook-add"),
+    path(
+        "account/notifications/webhooks/<int:endpoint_id>/",
+        notifications.endpoint_update,
+        name="webhook-update",
+    ),
+    path(
+        "account/notifications/webhooks/<int:endpoint_id>/delete/",
+        notifications.endpoint_delete,
+        name="webhook-delete",
+    ),
+    path(
+        "account/notifications/webhooks/<int:endpoint_id>/rotate-secret/",
+        notifications.endpoint_rotate,
+        name="webhook-rotate",
+    ),
+    path(
+        "account/notifications/webhooks/<int:endpoint_id>/test/",
+        notifications.endpoint_test,
+        name="webhook-test",
+    ),
+    path("notifications/unsubscribe/<str:token>/", notifications.unsubscribe, name="unsubscribe"),
     path("supplier/hosts/", supplier.hosts, name="hosts"),
     path("supplier/hosts/panel/", supplier.hosts_panel, name="hosts-panel"),
     path("supplier/hosts/<int:host_id>/status/", supplier.host_status, name="host-status"),

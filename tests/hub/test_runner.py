@@ -173,6 +173,8 @@ def test_runner_serves_the_hub_and_leaves_no_process_behind(state_dir: Path) -> 
     with runner(state_dir, HUB_DEMO_GATEWAY="0") as run:
         passwords = _demo_passwords(run)
         assert set(passwords) == {"admin", "renter", "supplier"}
+        # Notices' mail goes to the worker's log (the console backend) unless SMTP is set.
+        assert f"mail       printed in {state_dir / 'worker.log'}" in run.text()
 
         page = _admin_login(run.base_url, "admin", passwords["admin"])
         assert page.status_code == 200

@@ -1,0 +1,65 @@
+"""emit(): what the rest of the hub calls when something an account should hear about happens.
+
+The event is a row written in the caller's transaction (so it exists exactly when what it
+tells of committed); a Celery task sends it after commit, and the beat's sweep sends whatever
+a lost task left. A kind that comes in bursts (a fleet going offline, ten rentals started at
+once) is coalesced: within NOTIFY_COALESCE_S of the first, more of the same kind for the same
+account join its items, and one email and one webhook carry them all.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from hub.celery import app as celery_app
+from hub.notifications.kinds import KINDS
+from hub.notifications.models import Event
+
+log = logging.getLogger(__name__)
+
+PROCESS_TASK = "notifications.process_events"
+# A coalesced event keeps this many items in full; beyond, only its count grows.
+MAX_ITEMS = 100
+
+
+def emit(account_id: int, kind: str, data: dict[str, Any], now: datetime | None = None) -> None:
+    """Record that ``kind`` happened to the account, with ``data`` (JSON: ids, names, amounts,
+    never a secret). For a coalesced kind, ``data`` is one item."""
+    spec = KINDS[kind]
+    now = now or timezone.now()
+    with transaction.atomic():
+        if spec.coalesce:
+            window = timedelta(seconds=settings.NOTIFY_COALESCE_S)
+            open_event = (
+                Event.objects.select_for_update()
+                .filter(account_id=account_id, kind=kind, state=Event.State.PENDING, due_at__gt=now)
+                .order_by("created_at")
+                .first()
+            )
+            if open_event is not None:
+                items = list(open_event.data.get("items", []))
+                if len(items) < MAX_ITEMS:
+                    items.append(data)
+                count = int(open_event.data.get("count", len(items))) + 1
+                open_event.data = {"items": items, "count": count}
+                open_event.save(update_fields=["data"])
+                return
+            Event.objects.create(
+                account_id=account_id,
+                kind=kind,
+                data={"items": [data], "count": 1},
+                due_at=now + window,
+            )
+            return  # the sweep sends it once its window closed
+        Event.objects.create(account_id=account_id, kind=kind, data=data, due_at=now)
+        # As hub/leases/services.py queues commands: with the broker down the row still
+        # commits, and the sweep sends it.
+        transaction.on_commit(
+            lambda: celery_app.send_task(PROCESS_TASK, ignore_result=True), robust=True
+        )

@@ -1,0 +1,213 @@
+"""Celery tasks: send due events (email and webhook deliveries), post due deliveries, prune.
+
+Each is safe to run twice at once: rows are claimed under skip-locked row locks."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from celery import shared_task
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from hub.celery import app as celery_app
+from hub.notifications import delivery, emails
+from hub.notifications.kinds import KINDS
+from hub.notifications.models import Event, WebhookDelivery, WebhookEndpoint
+
+log = logging.getLogger(__name__)
+
+DELIVER_TASK = "notifications.deliver_webhooks"
+EVENT_BATCH = 200
+DELIVERY_BATCH = 200
+# One endpoint's backlog (a receiver down for hours) fills at most this much of a batch, so
+# the other endpoints' deliveries go out in the same run.
+PER_ENDPOINT_IN_BATCH = 10
+EMAIL_ATTEMPTS = 5
+PRUNE_BATCH = 1000
+
+
+def _queue_deliveries() -> None:
+    transaction.on_commit(
+        lambda: celery_app.send_task(DELIVER_TASK, ignore_result=True), robust=True
+    )
+
+
+@shared_task(name="notifications.process_events")
+def process_events() -> int:
+    """Email each due event (unless muted) and make its webhook deliveries; how many done."""
+    done = 0
+    for _ in range(EVENT_BATCH):
+        if not _process_one():
+            break
+        done += 1
+    return done
+
+
+def _process_one() -> bool:
+    now = timezone.now()
+    with transaction.atomic():
+        event = (
+            Event.objects.select_for_update(skip_locked=True, of=("self",))
+            .select_related("account")
+            .filter(state=Event.State.PENDING, due_at__lte=now)
+            .order_by("due_at")
+            .first()
+        )
+        if event is None:
+            return False
+        endpoints = [
+            e
+            for e in WebhookEndpoint.objects.filter(account_id=event.account_id)
+            if e.wants(event.kind)
+        ]
+        if endpoints:
+            WebhookDelivery.objects.bulk_create(
+                [WebhookDelivery(event=event, endpoint=e, next_attempt_at=now) for e in endpoints],
+                ignore_conflicts=True,  # made on an earlier try whose email failed
+            )
+            _queue_deliveries()
+        if event.email_state == Event.EmailState.NONE:
+            _email(event, now)
+        if event.email_state != Event.EmailState.NONE:
+            event.state = Event.State.DONE
+            event.done_at = now
+        event.save(
+            update_fields=[
+                "state",
+                "done_at",
+                "due_at",
+                "email_state",
+                "email_attempts",
+                "email_error",
+            ]
+        )
+    return True
+
+
+def _email(event: Event, now: datetime) -> None:
+    if event.kind not in KINDS or not emails.wanted(event.account, event.kind):
+        event.email_state = Event.EmailState.SKIPPED
+        return
+    try:
+        emails.message(event, event.account).send()
+    except Exception as exc:  # SMTP refused, timed out, unreachable: try again later
+        event.email_attempts += 1
+        event.email_error = f"{type(exc).__name__}: {exc}"[:300]
+        log.warning(
+            "email for event %s (%s) failed (attempt %d): %s",
+            event.pk,
+            event.kind,
+            event.email_attempts,
+            event.email_error,
+        )
+        if event.email_attempts >= EMAIL_ATTEMPTS:
+            event.email_state = Event.EmailState.FAILED
+        else:
+            event.due_at = now + timedelta(seconds=60 * event.email_attempts)
+        return
+    event.email_state = Event.EmailState.SENT
+
+
+@shared_task(name="notifications.deliver_webhooks")
+def deliver_webhooks() -> int:
+    """Post every due delivery once; how many were tried."""
+    now = timezone.now()
+    claim_until = now + timedelta(seconds=settings.WEBHOOK_TIMEOUT_S * 3 + 30)
+    with transaction.atomic():
+        due = list(
+            WebhookDelivery.objects.select_for_update(skip_locked=True, of=("self",))
+            .select_related("event", "endpoint")
+            .filter(state=WebhookDelivery.State.PENDING, next_attempt_at__lte=now)
+            .order_by("next_attempt_at")[: DELIVERY_BATCH * 2]
+        )
+        per_endpoint: dict[int, int] = {}
+        batch = []
+        for row in due:
+            taken = per_endpoint.get(row.endpoint_id, 0)
+            if taken >= PER_ENDPOINT_IN_BATCH or len(batch) >= DELIVERY_BATCH:
+                continue
+            per_endpoint[row.endpoint_id] = taken + 1
+            batch.append(row)
+        # Claimed: another run before this one records its outcome leaves them alone.
+        WebhookDelivery.objects.filter(pk__in=[row.pk for row in batch]).update(
+            next_attempt_at=claim_until
+        )
+    requests = [
+        delivery.Request(
+            delivery_id=row.pk,
+            url=row.endpoint.url,
+            secret=row.endpoint.secret,
+            body=delivery.body(row.event),
+            event_id=str(row.event_id),
+            kind=row.event.kind,
+        )
+        for row in batch
+        if row.endpoint.enabled
+    ]
+    outcomes = {o.delivery_id: o for o in delivery.post_all(requests)}
+    finished = timezone.now()
+    for row in batch:
+        _record(row, outcomes.get(row.pk), finished)
+    return len(requests)
+
+
+def _record(row: WebhookDelivery, outcome: delivery.Outcome | None, now: datetime) -> None:
+    if outcome is None:  # its endpoint was disabled meanwhile: it stays pending for when it is on
+        WebhookDelivery.objects.filter(pk=row.pk).update(next_attempt_at=now + timedelta(hours=1))
+        return
+    row.attempts += 1
+    row.last_attempt_at = now
+    row.last_status = outcome.status
+    row.last_error = outcome.error
+    row.duration_ms = outcome.duration_ms
+    if outcome.ok:
+        row.state = WebhookDelivery.State.DELIVERED
+        row.delivered_at = now
+        WebhookEndpoint.objects.filter(pk=row.endpoint_id).update(
+            last_success_at=now, consecutive_failures=0
+        )
+    else:
+        next_at = now + delivery.retry_delay(row.attempts)
+        if next_at > row.created_at + timedelta(seconds=settings.WEBHOOK_RETRY_FOR_S):
+            row.state = WebhookDelivery.State.FAILED
+        else:
+            row.next_attempt_at = next_at
+        WebhookEndpoint.objects.filter(pk=row.endpoint_id).update(
+            last_failure_at=now, consecutive_failures=F("consecutive_failures") + 1
+        )
+    row.save(
+        update_fields=[
+            "attempts",
+            "last_attempt_at",
+            "last_status",
+            "last_error",
+            "duration_ms",
+            "state",
+            "delivered_at",
+            "next_attempt_at",
+        ]
+    )
+
+
+@shared_task(name="notifications.prune")
+def prune(now: datetime | None = None) -> int:
+    """Delete events (and their deliveries) older than NOTIFICATION_RETENTION_DAYS that are
+    done and have nothing left to deliver; in batches, so one run never holds much."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(days=settings.NOTIFICATION_RETENTION_DAYS)
+    deleted = 0
+    for _ in range(50):
+        ids = list(
+            Event.objects.filter(state=Event.State.DONE, created_at__lt=cutoff)
+            .exclude(deliveries__state=WebhookDelivery.State.PENDING)
+            .values_list("pk", flat=True)[:PRUNE_BATCH]
+        )
+        if not ids:
+            break
+        Event.objects.filter(pk__in=ids).delete()
+        deleted += len(ids)
+    return deleted
