@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import ipaddress
 import json
 import os
 import secrets
@@ -113,10 +114,22 @@ def _manage(env: dict[str, str], log_path: Path | None, *args: str) -> str:
     return result.stdout
 
 
-def _plan_mail(env: dict[str, str], state: Path) -> str:
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _plan_mail(env: dict[str, str], state: Path, host: str) -> str:
     """The trial's notices: emails printed in the worker's log unless an SMTP server is
-    configured, and webhooks allowed to a receiver on this machine (http to loopback)."""
-    env.setdefault("WEBHOOK_ALLOW_LOOPBACK", "1")
+    configured, and webhooks allowed to a receiver on this machine (http to loopback) when
+    the hub listens on loopback only (anyone who can sign up could aim them at this
+    machine's own services otherwise)."""
+    if _is_loopback(host):
+        env.setdefault("WEBHOOK_ALLOW_LOOPBACK", "1")
     if "EMAIL_BACKEND" not in env and not env.get("EMAIL_HOST"):
         env["EMAIL_BACKEND"] = "django.core.mail.backends.console.EmailBackend"
     if env.get("EMAIL_BACKEND", "").endswith("console.EmailBackend"):
@@ -394,7 +407,7 @@ def serve(state: Path, host: str, port: int, web: int = 1) -> int:
         # DEBUG stays off unless asked for (DEBUG=1 make run): a newcomer gets the hub's own
         # error pages, never Django's debug page listing every URL pattern.
         env.setdefault("HUB_PUBLIC_URL", f"http://{host}:{port}")
-        mail_line = _plan_mail(env, state)
+        mail_line = _plan_mail(env, state, host)
         gateway = _plan_gateway(state, env, port)
         print(f"Applying migrations (log in {state / 'migrate.log'}) ...", flush=True)
         _manage(env, state / "migrate.log", "migrate", "--noinput", "--verbosity", "1")

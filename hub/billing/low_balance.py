@@ -110,6 +110,12 @@ def _notify(
             pk=row.pk, low_balance_notified_at__isnull=True
         ).update(low_balance_notified_at=now):
             return False
+        # Read again now the flag is ours: a top-up that committed after the sweep's read
+        # would otherwise get a "below your threshold" notice right after it.
+        balance = billing.balances_of([renter_id])[renter_id]
+        if balance >= threshold:
+            transaction.set_rollback(True)
+            return False
         emit(renter_id, KIND, _data(threshold, balance, rentals, now), now=now)
     log.info("renter %s notified of a low balance (%s)", renter_id, format_micros(balance))
     return True

@@ -10,15 +10,18 @@ that was checked, so a name that changes its answer between the two cannot steer
 from __future__ import annotations
 
 import ipaddress
+import logging
 import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import httpx
 from django.conf import settings
 
 from supplier_agent.egress import BLOCKED_V4, BLOCKED_V6, GLOBAL_EXCEPTIONS_V6
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+log = logging.getLogger(__name__)
 
 _BLOCKED = tuple(ipaddress.ip_network(n) for n in (*BLOCKED_V4, *BLOCKED_V6))
 _EXCEPTIONS = tuple(ipaddress.ip_network(n) for n in GLOBAL_EXCEPTIONS_V6)
@@ -42,10 +45,18 @@ def _loopback_allowed() -> bool:
     return bool(settings.WEBHOOK_ALLOW_LOOPBACK)
 
 
+# IPv6 forms that carry an IPv4 address a gateway may translate to: NAT64's well-known prefix
+# and the deprecated IPv4-compatible addresses (RFC 4291). Judged by the IPv4 address inside.
+_EMBEDDING_V4 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("::/96"))
+
+
 def address_problem(address: IPAddress) -> str | None:
     """Why a webhook may not go to ``address``, or None."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        elif any(address in net for net in _EMBEDDING_V4) and int(address) > 1:
+            address = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     if address.is_loopback:
         return None if _loopback_allowed() else f"{address} is a loopback address"
     if any(address in net for net in _EXCEPTIONS):
@@ -62,10 +73,20 @@ def _literal(host: str) -> IPAddress | None:
         return None
 
 
+def ascii_host(host: str) -> str:
+    """The name as it goes on the wire (IDNA: bücher.de is xn--bcher-kva.de)."""
+    try:
+        return host.encode("idna").decode("ascii").lower()
+    except UnicodeError:
+        raise EndpointRefused(f"{host!r} is not a valid host name") from None
+
+
 def check_url(url: str) -> None:
     """Raise EndpointRefused unless ``url`` may be saved as an endpoint."""
     if len(url) > MAX_URL_LENGTH:
         raise EndpointRefused(f"the URL is longer than {MAX_URL_LENGTH} characters")
+    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in url):
+        raise EndpointRefused("the URL may not contain spaces or control characters")
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -81,6 +102,12 @@ def check_url(url: str) -> None:
     if port == 0:
         raise EndpointRefused("port 0 is not a port")
     literal = _literal(host)
+    if literal is None:
+        host = ascii_host(host)
+    try:
+        httpx.URL(url)  # what the delivery will build its request from
+    except httpx.InvalidURL as exc:
+        raise EndpointRefused(f"not a URL: {exc}") from None
     loopback = host == "localhost" or host.endswith(".localhost")
     if literal is not None:
         problem = address_problem(literal)
@@ -107,15 +134,17 @@ def resolve(url: str) -> Target:
     if literal is not None:
         addresses: list[IPAddress] = [literal]
     else:
+        host = ascii_host(host)
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except (socket.gaierror, UnicodeError) as exc:
-            raise EndpointRefused(f"{host} does not resolve: {exc}") from None
+        except (socket.gaierror, UnicodeError, OSError) as exc:
+            log.info("webhook host %s does not resolve: %s", host, exc)
+            infos = []
         addresses = [ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos]
-        if not addresses:
-            raise EndpointRefused(f"{host} does not resolve")
-    for address in addresses:
-        problem = address_problem(address)
-        if problem:
-            raise EndpointRefused(f"{host} resolves to {problem}")
+    problems = [p for p in map(address_problem, addresses) if p] if addresses else ["none"]
+    if problems:
+        # The same words for "no answer" and "a private answer", and no address: the
+        # delivery log is the account's to read, and must not map the hub's own network.
+        log.info("webhook host %s refused: %s", host, "; ".join(problems))
+        raise EndpointRefused(f"{host} does not resolve to a public address")
     return Target(parts.scheme, host, port, path, str(addresses[0]))

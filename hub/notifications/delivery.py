@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import time
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from django.conf import settings
 
 from hub.notifications import addresses, signing
 from hub.notifications.models import Event
+
+log = logging.getLogger(__name__)
 
 USER_AGENT = "CloudGPU-Webhooks/1"
 # The n-th failed attempt waits RETRY_STEPS[n-1] * WEBHOOK_RETRY_BASE_S (the last step
@@ -65,60 +68,77 @@ async def _post(client: httpx.AsyncClient, request: Request, limit: asyncio.Sema
     started = time.monotonic()
 
     def outcome(ok: bool, status: int | None, error: str) -> Outcome:
-        return Outcome(
-            request.delivery_id, ok, status, error[:300], int((time.monotonic() - started) * 1000)
-        )
+        elapsed_ms = int((time.monotonic() - started) * 1000)
+        return Outcome(request.delivery_id, ok, status, error[:300], elapsed_ms)
 
     async with limit:
+        started = time.monotonic()
         try:
-            target = await asyncio.to_thread(addresses.resolve, request.url)
+            # The whole exchange is bounded, the name's lookup included (a name server that
+            # never answers), not only each read: a receiver that drips a byte a second never
+            # times out a read.
+            async with asyncio.timeout(settings.WEBHOOK_TIMEOUT_S):
+                target = await asyncio.to_thread(addresses.resolve, request.url)
+                status = await _send(client, request, target)
         except addresses.EndpointRefused as exc:
             return outcome(False, None, f"refused: {exc}")
-        timestamp = int(time.time())
-        host_header = target.host if ":" not in target.host else f"[{target.host}]"
-        default_port = 443 if target.scheme == "https" else 80
-        if target.port != default_port:
-            host_header += f":{target.port}"
-        connect_to = target.address if ":" not in target.address else f"[{target.address}]"
-        headers = {
-            "Host": host_header,
-            "Content-Type": "application/json",
-            "User-Agent": USER_AGENT,
-            "CloudGPU-Event-Id": request.event_id,
-            "CloudGPU-Event-Type": request.kind,
-            signing.SIGNATURE_HEADER: signing.header(request.secret, timestamp, request.body),
-        }
-        extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
-        built = client.build_request(
-            "POST",
-            f"{target.scheme}://{connect_to}:{target.port}{target.path}",
-            content=request.body,
-            headers=headers,
-            extensions=extensions,
-        )
-        try:
-            # The whole exchange is bounded, not only each read: a receiver that drips a
-            # byte a second never times out a read.
-            async with asyncio.timeout(settings.WEBHOOK_TIMEOUT_S):
-                response = await client.send(built, stream=True)
-                await response.aclose()  # the status is all we keep; the body is not read
         except TimeoutError:
             return outcome(False, None, f"no answer within {settings.WEBHOOK_TIMEOUT_S} s")
         except httpx.HTTPError as exc:
-            return outcome(
-                False, None, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            )
-        ok = 200 <= response.status_code < 300
-        return outcome(ok, response.status_code, "" if ok else f"answered {response.status_code}")
+            text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            return outcome(False, None, text)
+        except Exception as exc:  # a URL httpx cannot send, whatever else: this one fails
+            log.warning("webhook delivery %s failed: %r", request.delivery_id, exc)
+            return outcome(False, None, f"could not send: {type(exc).__name__}")
+        ok = 200 <= status < 300
+        return outcome(ok, status, "" if ok else f"answered {status}")
+
+
+async def _send(client: httpx.AsyncClient, request: Request, target: addresses.Target) -> int:
+    timestamp = int(time.time())
+    host_header = target.host if ":" not in target.host else f"[{target.host}]"
+    default_port = 443 if target.scheme == "https" else 80
+    if target.port != default_port:
+        host_header += f":{target.port}"
+    connect_to = target.address if ":" not in target.address else f"[{target.address}]"
+    headers = {
+        "Host": host_header,
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        "CloudGPU-Event-Id": request.event_id,
+        "CloudGPU-Event-Type": request.kind,
+        signing.SIGNATURE_HEADER: signing.header(request.secret, timestamp, request.body),
+    }
+    # To the checked address; the name goes in Host and in TLS (SNI and the certificate).
+    extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
+    built = client.build_request(
+        "POST",
+        f"{target.scheme}://{connect_to}:{target.port}{target.path}",
+        content=request.body,
+        headers=headers,
+        extensions=extensions,
+    )
+    response = await client.send(built, stream=True)
+    await response.aclose()  # the status is all we keep; the body is not read
+    return response.status_code
 
 
 async def _post_all(requests: list[Request]) -> list[Outcome]:
     limit = asyncio.Semaphore(CONCURRENCY)
     timeout = httpx.Timeout(settings.WEBHOOK_TIMEOUT_S)
+    # No kept-alive connections: the pool is keyed by address, not by the TLS name a request
+    # was checked for, so two endpoints on one address never share a connection.
+    pool = httpx.Limits(max_keepalive_connections=0)
     async with httpx.AsyncClient(
-        timeout=timeout, follow_redirects=False, trust_env=False
+        timeout=timeout, follow_redirects=False, trust_env=False, limits=pool
     ) as client:
         return list(await asyncio.gather(*(_post(client, r, limit) for r in requests)))
+
+
+def batch_seconds(count: int) -> float:
+    """The longest a batch of ``count`` can take: rounds of CONCURRENCY, each one timeout."""
+    rounds = -(-count // CONCURRENCY)
+    return rounds * (settings.WEBHOOK_TIMEOUT_S + 1)
 
 
 def post_all(requests: list[Request]) -> list[Outcome]:

@@ -71,6 +71,13 @@ def send_test(endpoint: WebhookEndpoint) -> WebhookDelivery:
     """A ``webhook.test`` event for this endpoint alone, posted at once."""
     now = timezone.now()
     with transaction.atomic():
+        # One at a time: a script pressing the button cannot queue a backlog that would take
+        # every batch's places of this endpoint.
+        waiting = WebhookDelivery.objects.filter(
+            endpoint=endpoint, event__kind=TEST_KIND, state=WebhookDelivery.State.PENDING
+        )
+        if waiting.exists():
+            raise EndpointError("a test event is already on its way to this endpoint")
         event = Event.objects.create(
             account=endpoint.account,
             kind=TEST_KIND,

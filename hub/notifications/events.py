@@ -28,17 +28,43 @@ PROCESS_TASK = "notifications.process_events"
 MAX_ITEMS = 100
 
 
+# Words in an event come partly from agents (a failure's reason, a host's name): each string
+# is cut here, so no event, email or webhook body grows with what a host reports.
+MAX_STRING = 500
+MAX_LIST = 100
+
+
+def bounded(value: Any) -> Any:
+    """``value`` with every string cut to MAX_STRING characters and list to MAX_LIST items."""
+    if isinstance(value, str):
+        return value if len(value) <= MAX_STRING else value[: MAX_STRING - 1] + "…"
+    if isinstance(value, dict):
+        return {str(k)[:MAX_STRING]: bounded(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [bounded(v) for v in value[:MAX_LIST]]
+    return value
+
+
 def emit(account_id: int, kind: str, data: dict[str, Any], now: datetime | None = None) -> None:
     """Record that ``kind`` happened to the account, with ``data`` (JSON: ids, names, amounts,
     never a secret). For a coalesced kind, ``data`` is one item."""
     spec = KINDS[kind]
     now = now or timezone.now()
+    data = bounded(data)
     with transaction.atomic():
         if spec.coalesce:
             window = timedelta(seconds=settings.NOTIFY_COALESCE_S)
             open_event = (
                 Event.objects.select_for_update()
-                .filter(account_id=account_id, kind=kind, state=Event.State.PENDING, due_at__gt=now)
+                # Not one a sweep already took up (its email failed and waits for a retry):
+                # its deliveries are made, and its receivers would never see a later item.
+                .filter(
+                    account_id=account_id,
+                    kind=kind,
+                    state=Event.State.PENDING,
+                    due_at__gt=now,
+                    email_attempts=0,
+                )
                 .order_by("created_at")
                 .first()
             )

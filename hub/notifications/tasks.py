@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from typing import Any
 
 from celery import shared_task
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from hub.celery import app as celery_app
@@ -41,13 +43,19 @@ def process_events() -> int:
     """Email each due event (unless muted) and make its webhook deliveries; how many done."""
     done = 0
     for _ in range(EVENT_BATCH):
-        if not _process_one():
+        outcome = _process_one()
+        if outcome is None:
             break
         done += 1
+        if not outcome:
+            # The mail server failed: the rest would wait on it too (EMAIL_TIMEOUT each) and
+            # hold the worker; the next sweep tries again.
+            break
     return done
 
 
-def _process_one() -> bool:
+def _process_one() -> bool | None:
+    """One due event: None when there is none, False when its email failed."""
     now = timezone.now()
     with transaction.atomic():
         event = (
@@ -58,7 +66,7 @@ def _process_one() -> bool:
             .first()
         )
         if event is None:
-            return False
+            return None
         endpoints = [
             e
             for e in WebhookEndpoint.objects.filter(account_id=event.account_id)
@@ -85,7 +93,7 @@ def _process_one() -> bool:
                 "email_error",
             ]
         )
-    return True
+    return event.state == Event.State.DONE
 
 
 def _email(event: Event, now: datetime) -> None:
@@ -116,23 +124,33 @@ def _email(event: Event, now: datetime) -> None:
 def deliver_webhooks() -> int:
     """Post every due delivery once; how many were tried."""
     now = timezone.now()
-    claim_until = now + timedelta(seconds=settings.WEBHOOK_TIMEOUT_S * 3 + 30)
+    # At most PER_ENDPOINT_IN_BATCH of each endpoint's oldest, then the oldest of those: one
+    # endpoint's backlog cannot fill the batch. (Picked without a lock, as Postgres takes no
+    # row locks with a window function, and locked below.)
+    ranked = (
+        WebhookDelivery.objects.filter(
+            state=WebhookDelivery.State.PENDING, next_attempt_at__lte=now
+        )
+        .annotate(
+            rank=Window(
+                RowNumber(), partition_by=[F("endpoint_id")], order_by=F("next_attempt_at").asc()
+            )
+        )
+        .filter(rank__lte=PER_ENDPOINT_IN_BATCH)
+        .order_by("next_attempt_at")
+        .values_list("pk", flat=True)[:DELIVERY_BATCH]
+    )
+    picked = list(ranked)
+    if not picked:
+        return 0
+    claim_until = now + timedelta(seconds=delivery.batch_seconds(len(picked)) + 60)
     with transaction.atomic():
-        due = list(
+        batch = list(
             WebhookDelivery.objects.select_for_update(skip_locked=True, of=("self",))
             .select_related("event", "endpoint")
-            .filter(state=WebhookDelivery.State.PENDING, next_attempt_at__lte=now)
-            .order_by("next_attempt_at")[: DELIVERY_BATCH * 2]
+            .filter(pk__in=picked, state=WebhookDelivery.State.PENDING, next_attempt_at__lte=now)
         )
-        per_endpoint: dict[int, int] = {}
-        batch = []
-        for row in due:
-            taken = per_endpoint.get(row.endpoint_id, 0)
-            if taken >= PER_ENDPOINT_IN_BATCH or len(batch) >= DELIVERY_BATCH:
-                continue
-            per_endpoint[row.endpoint_id] = taken + 1
-            batch.append(row)
-        # Claimed: another run before this one records its outcome leaves them alone.
+        # Claimed: a run that starts before this one recorded its outcomes leaves them alone.
         WebhookDelivery.objects.filter(pk__in=[row.pk for row in batch]).update(
             next_attempt_at=claim_until
         )
@@ -151,46 +169,48 @@ def deliver_webhooks() -> int:
     outcomes = {o.delivery_id: o for o in delivery.post_all(requests)}
     finished = timezone.now()
     for row in batch:
-        _record(row, outcomes.get(row.pk), finished)
+        _record(row, outcomes.get(row.pk), finished, claim_until)
     return len(requests)
 
 
-def _record(row: WebhookDelivery, outcome: delivery.Outcome | None, now: datetime) -> None:
-    if outcome is None:  # its endpoint was disabled meanwhile: it stays pending for when it is on
-        WebhookDelivery.objects.filter(pk=row.pk).update(next_attempt_at=now + timedelta(hours=1))
-        return
-    row.attempts += 1
-    row.last_attempt_at = now
-    row.last_status = outcome.status
-    row.last_error = outcome.error
-    row.duration_ms = outcome.duration_ms
-    if outcome.ok:
-        row.state = WebhookDelivery.State.DELIVERED
-        row.delivered_at = now
-        WebhookEndpoint.objects.filter(pk=row.endpoint_id).update(
-            last_success_at=now, consecutive_failures=0
-        )
-    else:
-        next_at = now + delivery.retry_delay(row.attempts)
-        if next_at > row.created_at + timedelta(seconds=settings.WEBHOOK_RETRY_FOR_S):
-            row.state = WebhookDelivery.State.FAILED
+def _record(
+    row: WebhookDelivery, outcome: delivery.Outcome | None, now: datetime, claimed: datetime
+) -> None:
+    # Only while the claim is this run's: a row whose endpoint or event went meanwhile, or
+    # that another run took over, is left as it is.
+    mine = WebhookDelivery.objects.filter(
+        pk=row.pk, state=WebhookDelivery.State.PENDING, next_attempt_at=claimed
+    )
+    give_up_at = row.created_at + timedelta(seconds=settings.WEBHOOK_RETRY_FOR_S)
+    if outcome is None:  # its endpoint is switched off: kept for when it is on, within the day
+        if now > give_up_at:
+            mine.update(state=WebhookDelivery.State.FAILED, last_error="the endpoint is off")
         else:
-            row.next_attempt_at = next_at
+            mine.update(next_attempt_at=min(now + timedelta(hours=1), give_up_at))
+        return
+    fields: dict[str, Any] = {
+        "attempts": row.attempts + 1,
+        "last_attempt_at": now,
+        "last_status": outcome.status,
+        "last_error": outcome.error,
+        "duration_ms": outcome.duration_ms,
+    }
+    if outcome.ok:
+        fields |= {"state": WebhookDelivery.State.DELIVERED, "delivered_at": now}
+        if mine.update(**fields):
+            WebhookEndpoint.objects.filter(pk=row.endpoint_id).update(
+                last_success_at=now, consecutive_failures=0
+            )
+        return
+    next_at = now + delivery.retry_delay(row.attempts + 1)
+    if next_at > give_up_at:
+        fields["state"] = WebhookDelivery.State.FAILED
+    else:
+        fields["next_attempt_at"] = next_at
+    if mine.update(**fields):
         WebhookEndpoint.objects.filter(pk=row.endpoint_id).update(
             last_failure_at=now, consecutive_failures=F("consecutive_failures") + 1
         )
-    row.save(
-        update_fields=[
-            "attempts",
-            "last_attempt_at",
-            "last_status",
-            "last_error",
-            "duration_ms",
-            "state",
-            "delivered_at",
-            "next_attempt_at",
-        ]
-    )
 
 
 @shared_task(name="notifications.prune")

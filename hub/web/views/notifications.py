@@ -192,8 +192,14 @@ def endpoint_rotate(request: HttpRequest, endpoint_id: int) -> HttpResponse:
 @require_POST
 def endpoint_test(request: HttpRequest, endpoint_id: int) -> HttpResponse:
     endpoint = _endpoint(request, endpoint_id)
-    delivery = endpoints.send_test(endpoint)
-    messages.success(request, f"Test event queued for {endpoint.url} (event {delivery.event_id}).")
+    try:
+        delivery = endpoints.send_test(endpoint)
+    except endpoints.EndpointError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(
+            request, f"Test event queued for {endpoint.url} (event {delivery.event_id})."
+        )
     return redirect("web:notifications")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 from datetime import timedelta
 
 import pytest
@@ -12,7 +13,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from hub.notifications import addresses, delivery, endpoints, signing, tasks
-from hub.notifications.events import MAX_ITEMS, emit
+from hub.notifications.events import MAX_ITEMS, MAX_STRING, bounded, emit
 from hub.notifications.models import Event, WebhookDelivery, WebhookEndpoint
 from tests.hub import factories as f
 
@@ -57,12 +58,22 @@ def test_secrets_are_long_random_and_prefixed() -> None:
         ("https://example.com/" + "a" * 500, "longer than 500"),
         ("https://localhost/hook", "loopback"),
         ("https://127.0.0.1/hook", "loopback"),
+        ("https://example.com/a\x01b", "control characters"),
+        ("https://example.com/a b", "control characters"),
+        ("https://[64:ff9b::a00:5]/x", "private or reserved address"),  # NAT64 of 10.0.0.5
+        ("https://[::a00:5]/x", "private or reserved address"),  # IPv4-compatible 10.0.0.5
+        ("https://" + "a" * 64 + ".com/x", "not a valid host name"),
     ],
 )
 @override_settings(WEBHOOK_ALLOW_LOOPBACK=False)
 def test_urls_a_webhook_may_not_have(url: str, why: str) -> None:
     with pytest.raises(addresses.EndpointRefused, match=why):
         addresses.check_url(url)
+
+
+def test_an_international_name_goes_on_the_wire_in_idna() -> None:
+    assert addresses.ascii_host("bücher.de") == "xn--bcher-kva.de"
+    addresses.check_url("https://bücher.de/hook")
 
 
 @override_settings(WEBHOOK_ALLOW_LOOPBACK=False)
@@ -87,11 +98,13 @@ def test_in_development_loopback_over_http_is_fine_and_private_still_is_not() ->
 
 @override_settings(WEBHOOK_ALLOW_LOOPBACK=False)
 def test_a_name_is_checked_against_what_it_resolves_to_at_delivery() -> None:
-    # "localhost" passes the form's check only where loopback is allowed; at delivery its
-    # address is what counts.
-    with pytest.raises(addresses.EndpointRefused, match="loopback"):
-        addresses.resolve("https://localhost/hook")
-    with pytest.raises(addresses.EndpointRefused, match="does not resolve"):
+    # This machine's own name passes the form's check (it is a name), and resolves to a
+    # loopback or private address: at delivery, the address is what counts. The same words
+    # for a private answer and none: the log must not map the hub's network.
+    name = socket.gethostname()
+    with pytest.raises(addresses.EndpointRefused, match=f"{name} does not resolve to a public"):
+        addresses.resolve(f"https://{name}/hook")
+    with pytest.raises(addresses.EndpointRefused, match="invalid does not resolve to a public"):
         addresses.resolve("https://no-such-name.invalid/hook")
 
 
@@ -186,3 +199,35 @@ def test_old_done_events_are_pruned_unless_a_delivery_is_still_pending() -> None
     assert tasks.prune(now) == 1
     assert set(Event.objects.values_list("pk", flat=True)) == {kept_pending.pk, recent.pk}
     assert WebhookEndpoint.objects.filter(pk=endpoint.pk).exists()
+
+
+def test_what_agents_report_is_cut_before_it_is_an_event() -> None:
+    data = bounded({"reason": "x" * 100_000, "items": list(range(1000)), "n": 3})
+    assert len(data["reason"]) == MAX_STRING
+    assert data["reason"].endswith("…")
+    assert len(data["items"]) == 100
+    assert data["n"] == 3
+
+
+@pytest.mark.django_db
+@override_settings(NOTIFY_COALESCE_S=30)
+def test_an_event_whose_email_is_being_retried_takes_no_more_items() -> None:
+    user = f.make_user()
+    now = timezone.now()
+    emit(user.pk, "host.offline", {"host": "1", "name": "a"}, now=now)
+    Event.objects.filter(account=user).update(email_attempts=1)  # a sweep's email failed
+    emit(user.pk, "host.offline", {"host": "2", "name": "b"}, now=now + timedelta(seconds=1))
+    counts = sorted(e.data["count"] for e in Event.objects.filter(account=user))
+    assert counts == [1, 1]
+
+
+@pytest.mark.django_db
+@override_settings(WEBHOOK_ALLOW_LOOPBACK=True)
+def test_a_test_event_waits_for_the_last_one() -> None:
+    user = f.make_user()
+    endpoint = endpoints.add(user, "http://127.0.0.1:9/hook")
+    endpoints.send_test(endpoint)
+    with pytest.raises(endpoints.EndpointError, match="already on its way"):
+        endpoints.send_test(endpoint)
+    WebhookDelivery.objects.filter(endpoint=endpoint).update(state="delivered")
+    endpoints.send_test(endpoint)

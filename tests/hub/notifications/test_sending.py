@@ -13,7 +13,12 @@ from django.utils import timezone
 from hub.lib.ports import free_port
 from hub.notifications import endpoints, tasks
 from hub.notifications.events import emit
-from hub.notifications.models import Event, NotificationSettings, WebhookDelivery
+from hub.notifications.models import (
+    Event,
+    NotificationSettings,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 from tests.hub import factories as f
 from tests.support.smtp_server import smtp_server
 from tests.support.webhook_receiver import webhook_receiver
@@ -96,3 +101,57 @@ def test_a_delivery_past_its_retry_window_is_marked_failed() -> None:
     assert delivery.last_error == "answered 500"
     endpoint.refresh_from_db()
     assert endpoint.consecutive_failures == 1
+
+
+@override_settings(WEBHOOK_ALLOW_LOOPBACK=True)
+def test_a_backlog_of_hundreds_leaves_room_for_every_other_endpoint() -> None:
+    user, other_user = f.make_user(email=""), f.make_user(email="")
+    with webhook_receiver() as receiver:
+        backlog = endpoints.add(user, receiver.url("/always-500"), kinds=["payout.paid"])
+        other = endpoints.add(other_user, receiver.url("/ok"))
+        event = Event.objects.create(account=user, kind="payout.paid", due_at=timezone.now())
+        long_ago = timezone.now() - timedelta(hours=1)
+        rows = [
+            Event(account=user, kind="payout.paid", due_at=long_ago, state="done")
+            for _ in range(tasks.DELIVERY_BATCH * 2 + 20)
+        ]
+        Event.objects.bulk_create(rows)
+        WebhookDelivery.objects.bulk_create(
+            WebhookDelivery(event=e, endpoint=backlog, next_attempt_at=long_ago) for e in rows
+        )
+        emit(other_user.pk, "payout.paid", {"payout": "9", "amount": "1.00"})
+        tasks.process_events()
+        assert tasks.deliver_webhooks() == tasks.PER_ENDPOINT_IN_BATCH + 1
+        assert len(receiver.at("/ok")) == 1
+    assert WebhookDelivery.objects.get(endpoint=other).state == "delivered"
+    assert event.pk  # the backlog's own new event waits its turn like the rest
+
+
+@override_settings(WEBHOOK_ALLOW_LOOPBACK=True)
+def test_a_url_that_cannot_be_sent_fails_alone() -> None:
+    user = f.make_user(email="")
+    with webhook_receiver() as receiver:
+        fine = endpoints.add(user, receiver.url("/ok"))
+        # Saved around the form's check (a row changed by hand).
+        broken = WebhookEndpoint.objects.create(
+            account=user, url=receiver.url("/a\x01b"), secret="whsec_x"
+        )
+        emit(user.pk, "payout.paid", {"payout": "1", "amount": "1.00"})
+        tasks.process_events()
+        assert tasks.deliver_webhooks() == 2
+    assert WebhookDelivery.objects.get(endpoint=fine).state == "delivered"
+    failed = WebhookDelivery.objects.get(endpoint=broken)
+    assert (failed.state, failed.attempts) == ("pending", 1)
+    assert failed.last_error.startswith("refused: the URL may not contain")
+
+
+@override_settings(WEBHOOK_ALLOW_LOOPBACK=True, WEBHOOK_RETRY_FOR_S=0)
+def test_a_delivery_to_an_endpoint_switched_off_ends_with_the_retry_window() -> None:
+    user = f.make_user(email="")
+    endpoint = endpoints.add(user, "http://127.0.0.1:9/hook")
+    emit(user.pk, "payout.paid", {"payout": "1", "amount": "1.00"})
+    tasks.process_events()
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(enabled=False)
+    assert tasks.deliver_webhooks() == 0
+    delivery = WebhookDelivery.objects.get(endpoint=endpoint)
+    assert (delivery.state, delivery.last_error) == ("failed", "the endpoint is off")
