@@ -525,6 +525,15 @@ if (_why := disk_allowance.out_of_bounds(GPU_DISK_ALLOWANCE_DEFAULT_BYTES)) is n
 # --- Supplier installer -----------------------------------------------------------------------
 # Where the hub builds the agent wheel it serves at /agent/ (built on first request).
 AGENT_DIST_DIR = Path(env_str("AGENT_DIST_DIR") or BASE_DIR / ".state" / "agent-dist")
+# Signed releases (supplier_agent/release_signing.py, docs/operators.md "Signing agent
+# releases"). AGENT_RELEASE_DIR: a folder signed away from the hub (one wheel and its
+# release.json), served as it is instead of the wheel the hub builds. Without one, a key file
+# in AGENT_RELEASE_SIGNING_KEY_FILE makes the hub sign what it builds (a trial or a lab: the key
+# then lives on the hub). AGENT_RELEASE_PUBLIC_KEYS: the keys install commands pin (default:
+# the signing key's, if any).
+AGENT_RELEASE_DIR = env_str("AGENT_RELEASE_DIR")
+AGENT_RELEASE_SIGNING_KEY_FILE = env_str("AGENT_RELEASE_SIGNING_KEY_FILE")
+AGENT_RELEASE_PUBLIC_KEYS = env_list("AGENT_RELEASE_PUBLIC_KEYS")
 
 # --- Tunnels (a public URL per container port, through the SSH gateway) ---------------------
 # Tunnels are on when a domain and the gateway's ssh address and host keys are set: every

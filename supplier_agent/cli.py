@@ -26,6 +26,7 @@ from supplier_agent.config import (
     ConfigError,
     default_state_dir,
     load,
+    parse_release_keys,
     validate_token,
     websocket_url,
     write_file,
@@ -110,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="rent out GPUs even with an NVIDIA container toolkit older than 1.17.8, whose "
         "CVE-2025-23266 lets a renter's image take over this host",
+    )
+    configure.add_argument(
+        "--release-key",
+        action="append",
+        dest="release_keys",
+        help="a public key (ed25519:...) agent releases must be signed with; repeat for several. "
+        "With --update, the keys given replace the pinned ones",
     )
     configure.add_argument(
         "--allow-local-images",
@@ -296,6 +304,8 @@ def cmd_configure(args: argparse.Namespace) -> int:
         parse_allowed(args.allow_networks)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if args.release_keys:
+        args.release_keys = ",".join(parse_release_keys(",".join(args.release_keys)))
     output = Path(args.output) if args.output else None
     try:
         path = _write_config(
@@ -333,6 +343,7 @@ def _write_config(
         "allow_networks": args.allow_networks,
         "accept_container_escape_risk": "1" if args.accept_container_escape_risk else None,
         "allow_local_images": "1" if args.allow_local_images else None,
+        "release_keys": args.release_keys,
     }
     values = {key: value for key, value in given.items() if value}
     if not base:
@@ -578,6 +589,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
             allow_downgrade=args.allow_downgrade,
             deadline_s=args.timeout,
             health_window_s=args.health_window,
+            release_keys=config.release_keys,
         )
     except (UpgradeError, OSError) as exc:
         print(f"cloudgpu-agent upgrade: {exc}", file=sys.stderr)

@@ -71,6 +71,9 @@ class AgentConfig:
     # every housekeeping_every_s. Tests shorten both to see a report without waiting a minute.
     housekeeping_first_s: float = 60.0
     housekeeping_every_s: float = 3600.0
+    # The public keys agent releases must be signed with (release_signing.py), pinned at
+    # install; none: `upgrade` warns and checks no signature.
+    release_keys: tuple[str, ...] = ()
 
     @property
     def ws_url(self) -> str:
@@ -203,6 +206,18 @@ def write_file(
     return path
 
 
+def parse_release_keys(text: str | None) -> tuple[str, ...]:
+    """``ed25519:...,ed25519:...`` checked and normalised; ConfigError names a bad one."""
+    if not text:
+        return ()
+    from supplier_agent import release_signing  # cryptography: only where keys are pinned
+
+    try:
+        return release_signing.parse_keys(text.split(","))
+    except release_signing.SignatureError as exc:
+        raise ConfigError(f"release_keys: {exc}") from None
+
+
 def load(flags: dict[str, str | None], env: dict[str, str] | None = None) -> AgentConfig:
     """Merge flag > CLOUDGPU_* env > config file > default into one checked config."""
     env = dict(os.environ) if env is None else env
@@ -251,6 +266,7 @@ def load(flags: dict[str, str | None], env: dict[str, str] | None = None) -> Age
         housekeeping_every_s=max(
             1.0, _positive("housekeeping_every_s", pick("housekeeping_every_s", "3600"))
         ),
+        release_keys=parse_release_keys(pick("release_keys")),
     )
     websocket_url(config.hub_url)  # fail now, not at the first connection
     return config

@@ -32,7 +32,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from supplier_agent import __version__
+from supplier_agent import __version__, release_signing
+from supplier_agent.config import config_path, write_file
 from supplier_agent.service import (
     SERVICE,
     SYSTEMCTL_TIMEOUT_S,
@@ -270,6 +271,49 @@ def _say_who_restarts(state_dir: Path, link: Path, version: str) -> None:
         )
 
 
+def _check_signature(release: Release, release_keys: tuple[str, ...]) -> str | None:
+    """The pinned key that signed ``release``, None on an agent that pins none; raises if it
+    pins some and none of them signed it (before anything is downloaded)."""
+    if not release_keys:
+        print(
+            "upgrade: WARNING: this agent pins no release key, so nobody's signature is checked "
+            "(cloudgpu-agent configure --update --release-key KEY pins the hub operator's)"
+        )
+        return None
+    try:
+        used = release_signing.verify(
+            release.version,
+            release.filename,
+            release.sha256,
+            release.next_keys,
+            release.signatures,
+            release_keys,
+        )
+    except release_signing.SignatureError as exc:
+        raise UpgradeError(
+            f"refusing release {release.version}: {exc}; nothing was changed"
+        ) from None
+    print(
+        f"upgrade: release {release.version} is signed by pinned key {release_signing.key_id(used)}"
+    )
+    return used
+
+
+def _pin_next_keys(state_dir: Path, pinned: tuple[str, ...], next_keys: tuple[str, ...]) -> None:
+    """Key rotation: a release a pinned key signed names the keys later ones may use."""
+    try:
+        merged = release_signing.parse_keys([*pinned, *next_keys])
+    except release_signing.SignatureError as exc:
+        print(f"upgrade: WARNING: the release's next keys were not pinned: {exc}")
+        return
+    if merged == pinned:
+        return
+    path = config_path(state_dir)
+    write_file(state_dir, {"release_keys": ",".join(merged)}, path=path, base=path)
+    added = [release_signing.key_id(k) for k in merged if k not in pinned]
+    print(f"upgrade: pinned the release's next key(s) {', '.join(added)} in {path}")
+
+
 def upgrade(
     prefix: Path,
     state_dir: Path,
@@ -280,6 +324,7 @@ def upgrade(
     allow_downgrade: bool = False,
     deadline_s: float = DEADLINE_S,
     health_window_s: float = HEALTH_WINDOW_S,
+    release_keys: tuple[str, ...] = (),
 ) -> int:
     # Checked before anything is downloaded or changed, not at the restart.
     if not no_systemd and (why := systemd_problem()) is not None:
@@ -307,6 +352,7 @@ def upgrade(
                 f"the hub offers {release.version}, older than the running {__version__}: "
                 "refusing to downgrade (--allow-downgrade does it); nothing was changed"
             )
+        signed_by = _check_signature(release, release_keys)
         print(f"upgrade: {__version__} -> {release.version}")
         with tempfile.TemporaryDirectory(prefix="cloudgpu-upgrade-") as tmp:  # mode 0700
             wheel = Path(tmp) / release.filename
@@ -342,6 +388,8 @@ def upgrade(
                 f"rolled back: {link} runs {__version__} again and {restarted}; removed {target}"
             )
         _prune(prefix, {target, previous})
+        if signed_by is not None and release.next_keys:
+            _pin_next_keys(state_dir, release_keys, release.next_keys)
         restart = "" if no_systemd else f" && systemctl restart {SERVICE}"
         if previous.name == LEGACY_PREVIOUS:
             print(f"upgrade: done. To go back: rm {link} && mv {previous} {link}{restart}")

@@ -27,6 +27,7 @@ RELEASE_PATH = "/agent/release.json"
 HTTP_TIMEOUT_S = 30
 MAX_RELEASE_BYTES = 64 * 1024
 MAX_WHEEL_BYTES = 200 * 1024 * 1024
+MAX_SIGNATURES = 8
 
 # The version names a folder: no separators, no "..", nothing a shell would trip on.
 _VERSION = re.compile(r"^[0-9][0-9A-Za-z.+!_-]{0,63}$")
@@ -44,6 +45,9 @@ class Release:
     filename: str
     sha256: str
     url: str
+    # Signed releases (release_signing.py): who signed, and the keys later ones may use.
+    signatures: tuple[dict[str, str], ...] = ()
+    next_keys: tuple[str, ...] = ()
 
 
 class Deadline:
@@ -187,11 +191,30 @@ def fetch_release(url: str, deadline: Deadline) -> Release:
     sha256 = fields["sha256"].lower()
     if not _SHA256.match(sha256):
         raise UpgradeError(f"{url}: sha256 must be 64 hex digits")
+    signatures = data.get("signatures", [])
+    next_keys = data.get("next_keys", [])
+    if not (
+        isinstance(signatures, list)
+        and len(signatures) <= MAX_SIGNATURES
+        and all(
+            isinstance(s, dict) and all(isinstance(s.get(k), str) for k in ("key", "sig"))
+            for s in signatures
+        )
+    ):
+        raise UpgradeError(f"{url}: signatures must be a short list of {{key, sig}} strings")
+    if not (
+        isinstance(next_keys, list)
+        and len(next_keys) <= MAX_SIGNATURES
+        and all(isinstance(k, str) for k in next_keys)
+    ):
+        raise UpgradeError(f"{url}: next_keys must be a short list of strings")
     return Release(
         version=fields["version"],
         filename=fields["filename"],
         sha256=sha256,
         url=check_url(urljoin(url, fields["url"])),
+        signatures=tuple({"key": s["key"], "sig": s["sig"]} for s in signatures),
+        next_keys=tuple(next_keys),
     )
 
 

@@ -27,8 +27,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST, require_safe
 
-from hub.installer import enrollment
-from hub.installer.services import AgentWheelError, WheelInfo, build_agent_wheel
+from hub.installer import enrollment, releases
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +45,11 @@ def _hub_url() -> str:
     return url
 
 
-def _current_wheel() -> WheelInfo | None:
+def _current_release() -> releases.Release | None:
     try:
-        return build_agent_wheel(settings.AGENT_DIST_DIR)
-    except AgentWheelError:
-        logger.exception("building the agent wheel failed")
+        return releases.current()
+    except releases.ReleaseError:
+        logger.exception("no agent release to serve")
         return None
 
 
@@ -76,30 +75,24 @@ def install_script(request: HttpRequest) -> HttpResponse:
 @require_safe
 @never_cache
 def release(request: HttpRequest) -> HttpResponse:
-    wheel = _current_wheel()
-    if wheel is None:
+    current = _current_release()
+    if current is None:
         return _unavailable()
-    return JsonResponse(
-        {
-            "version": wheel.version,
-            "filename": wheel.filename,
-            "sha256": wheel.sha256,
-            "url": f"{_hub_url()}/agent/{wheel.filename}",
-        }
-    )
+    filename = current.description["filename"]
+    return JsonResponse({**current.description, "url": f"{_hub_url()}/agent/{filename}"})
 
 
 @require_safe
 def wheel_file(request: HttpRequest, filename: str) -> HttpResponse:
-    wheel = _current_wheel()
-    if wheel is None:
+    current = _current_release()
+    if current is None:
         return _unavailable()
-    if filename != wheel.filename:
+    if filename != current.description["filename"]:
         raise Http404("no such agent release")
     return FileResponse(
-        wheel.path.open("rb"),
+        current.wheel.open("rb"),
         as_attachment=True,
-        filename=wheel.filename,
+        filename=filename,
         content_type="application/octet-stream",
     )
 

@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from supplier_agent import __version__
+from supplier_agent import __version__, release_signing
+from supplier_agent.config import read_file
 from tests.support.agents import agent_env, configure, new_token, running_agent
 from tests.support.hub_peer import HubPeer
 from tests.support.processes import REPO_ROOT
@@ -159,15 +161,29 @@ class ReleaseServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def publish(self, wheel: Wheel, *, data: bytes | None = None, sha256: str = "") -> str:
+    def publish(
+        self,
+        wheel: Wheel,
+        *,
+        data: bytes | None = None,
+        sha256: str = "",
+        signed_by: Ed25519PrivateKey | None = None,
+        next_keys: tuple[str, ...] = (),
+    ) -> str:
         (self.root / "wheels").mkdir(exist_ok=True)
         (self.root / "wheels" / wheel.path.name).write_bytes(data or wheel.path.read_bytes())
-        release = {
+        release: dict[str, Any] = {
             "version": wheel.version,
             "filename": wheel.path.name,
             "sha256": sha256 or wheel.sha256,
             "url": f"{self.url}/wheels/{wheel.path.name}",
         }
+        if signed_by is not None:
+            # Signed for the wheel as built, whatever ``sha256`` the description then claims.
+            signature = release_signing.sign(
+                signed_by, wheel.version, wheel.path.name, wheel.sha256, next_keys
+            )
+            release |= {"next_keys": list(next_keys), "signatures": [signature]}
         (self.root / "release.json").write_text(json.dumps(release))
         return f"{self.url}/release.json"
 
@@ -219,9 +235,20 @@ class Site:
             capture_output=True,
             text=True,
             env=self.env,
+            input="",
             timeout=60,
             check=False,
         )
+
+    def pin(self, *keys: Ed25519PrivateKey) -> None:
+        """Pin keys as install.sh does: `configure --update --release-key`."""
+        flags = [a for k in keys for a in ("--release-key", _public(k))]
+        result = self.agent("configure", "--update", "--state", str(self.state), *flags)
+        assert result.returncode == 0, result.stderr
+
+
+def _public(key: Ed25519PrivateKey) -> str:
+    return release_signing.public_key_text(key.public_key())
 
 
 @pytest.fixture
@@ -371,3 +398,82 @@ def test_a_plain_venv_directory_is_kept_whole_for_a_rollback(site: Site, build: 
     site.link.unlink()
     previous.rename(site.link)
     assert site.agent("version").stdout.startswith(f"cloudgpu-agent {__version__} ")
+
+
+# --- signed releases (supplier_agent/release_signing.py) ------------------------------------
+
+
+def _unchanged(site: Site, build: Build) -> None:
+    assert os.readlink(site.link) == str(build.old_venv)
+    assert not (site.prefix / "venvs").exists()
+    assert site.hub.connections == []
+
+
+def test_a_pinned_key_refuses_an_unsigned_release_before_downloading(
+    site: Site, build: Build
+) -> None:
+    site.pin(Ed25519PrivateKey.generate())
+    result = site.upgrade(site.releases.publish(build.good))
+    assert result.returncode == 1
+    assert f"refusing release {GOOD_VERSION}: the release is not signed" in result.stderr
+    assert "nothing was changed" in result.stderr
+    assert "downloading" not in result.stdout
+    _unchanged(site, build)
+
+
+def test_a_release_signed_by_a_key_not_pinned_is_refused(site: Site, build: Build) -> None:
+    pinned, stranger = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    site.pin(pinned)
+    result = site.upgrade(site.releases.publish(build.good, signed_by=stranger))
+    assert result.returncode == 1
+    assert (
+        f"no key this agent trusts signed the release (signed by "
+        f"{release_signing.key_id(_public(stranger))})"
+    ) in result.stderr
+    _unchanged(site, build)
+
+
+def test_a_signed_release_with_another_wheel_put_in_is_refused(site: Site, build: Build) -> None:
+    key = Ed25519PrivateKey.generate()
+    site.pin(key)
+    # The hub's description names the tampered wheel's own sha256; the signature is over the
+    # real one, so the description no longer matches what was signed.
+    tampered = bytearray(build.good.path.read_bytes())
+    tampered[len(tampered) // 2] ^= 0x01
+    url = site.releases.publish(
+        build.good,
+        data=bytes(tampered),
+        sha256=hashlib.sha256(bytes(tampered)).hexdigest(),
+        signed_by=key,
+    )
+    result = site.upgrade(url)
+    assert result.returncode == 1
+    assert "does not match this release (tampered with" in result.stderr
+    _unchanged(site, build)
+
+
+def test_a_signed_release_installs_and_pins_the_next_key(site: Site, build: Build) -> None:
+    old_key, next_key = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    site.pin(old_key)
+    url = site.releases.publish(build.good, signed_by=old_key, next_keys=(_public(next_key),))
+    result = site.upgrade(url)
+    assert result.returncode == 0, result.stderr
+    assert f"signed by pinned key {release_signing.key_id(_public(old_key))}" in result.stdout
+    assert os.readlink(site.link) == f"venvs/{GOOD_VERSION}"
+    pinned = read_file(site.state)["release_keys"].split(",")
+    assert pinned == [_public(old_key), _public(next_key)]
+    # A later release signed by the next key alone is one this agent takes.
+    later = release_signing.sign(
+        next_key, "99.1.0", "cloudgpu_agent-99.1.0-py3-none-any.whl", "0" * 64, []
+    )
+    assert release_signing.verify(
+        "99.1.0", "cloudgpu_agent-99.1.0-py3-none-any.whl", "0" * 64, [], [later], pinned
+    ) == _public(next_key)
+
+
+def test_without_a_pinned_key_the_upgrade_says_nothing_was_checked(
+    site: Site, build: Build
+) -> None:
+    result = site.upgrade(site.releases.publish(build.good))
+    assert result.returncode == 0, result.stderr
+    assert "pins no release key, so nobody's signature is checked" in result.stdout

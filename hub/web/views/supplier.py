@@ -27,7 +27,7 @@ from hub.billing import services as billing
 from hub.billing.models import LedgerEntry, Payout
 from hub.billing.money import format_micros
 from hub.catalog.offers import uptime
-from hub.installer import enrollment
+from hub.installer import enrollment, releases
 from hub.installer.models import EnrollmentCode
 from hub.leases.gpu_status import gpu_statuses
 from hub.lib import disk_allowance
@@ -49,12 +49,21 @@ def install_command(code: str) -> str:
     """The one-liner a supplier pastes on a GPU host (see hub/installer): it carries a
     single-use enrollment code, never a token, since its argument is visible to every local
     user in ``ps`` and lands in shell history and sudo's log."""
-    return f"curl -fsSL {settings.HUB_PUBLIC_URL}/install.sh | sudo bash -s {code}"
+    return f"curl -fsSL {settings.HUB_PUBLIC_URL}/install.sh | sudo bash -s {code}{_pins()}"
 
 
 def prompt_install_command() -> str:
     """The installer without an argument: it asks for the token on the terminal, hidden."""
-    return f"curl -fsSL {settings.HUB_PUBLIC_URL}/install.sh | sudo bash"
+    pins = _pins()
+    return f"curl -fsSL {settings.HUB_PUBLIC_URL}/install.sh | sudo bash" + (
+        f" -s --{pins}" if pins else ""
+    )
+
+
+def _pins() -> str:
+    """The release keys the agent pins at install (hub/installer/releases.py), so that its
+    upgrades take only releases the operator signed, not whatever the hub serves then."""
+    return "".join(f" --release-key {key}" for key in releases.pinned_keys())
 
 
 # --- tokens and install commands ----------------------------------------------------------

@@ -23,10 +23,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from hub.installer.services import WheelInfo
 from hub.lib.ports import free_port
-from supplier_agent import __version__
+from supplier_agent import __version__, release_signing
 from tests.agent import test_upgrade_faults
 from tests.agent.test_upgrade import Wheel
 from tests.hub.installer import test_install_faults
@@ -177,6 +178,17 @@ def test_a_rerun_with_a_runtime_or_a_token_keeps_every_other_setting(
         again = run_install(script, *args, tmp=tmp_path, env={**env, "CLOUDGPU_TOKEN": token})
         assert again.returncode == 0, again.stderr
         assert read_config(config) == {**expected, "runtime": "mock"}
+
+        # Release keys (as an install command from a hub that signs releases): pinned, and
+        # nothing else changes; a malformed one is refused and changes nothing.
+        key = release_signing.public_key_text(Ed25519PrivateKey.generate().public_key())
+        pinned = run_install(script, *args, "--release-key", key, tmp=tmp_path, env=env)
+        assert pinned.returncode == 0, pinned.stderr
+        assert read_config(config) == {**expected, "runtime": "mock", "release_keys": key}
+        bad = run_install(script, *args, "--release-key", "ed25519:nope", tmp=tmp_path, env=env)
+        assert bad.returncode != 0
+        assert "release_keys" in bad.stderr or "32 bytes" in bad.stderr
+        assert read_config(config) == {**expected, "runtime": "mock", "release_keys": key}
 
     parser = configparser.ConfigParser(interpolation=None)
     parser.read(config)

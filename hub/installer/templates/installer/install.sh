@@ -27,6 +27,7 @@ main() {
   local prefix=/opt/cloudgpu-agent state="" runtime="" systemd=1 token="" code=""
   local prefix_given=0 code_spent=0 hub_given=0 allow_downgrade=0 download_timeout=600
   local health_window=30
+  local -a release_keys=()
 
   say() { printf '%s: %s\n' "$prog" "$*" >&2; }
   warn() { say "warning: $*"; }
@@ -55,6 +56,9 @@ CODE            the single-use enrollment code (cgpe_...) of an install command 
 --download-timeout S  give up on a download after S seconds (default 600)
 --health-window S  with --no-systemd, run the new version S seconds as a trial before switching
                 to it (default 30)
+--release-key KEY  pin KEY (ed25519:...) as a key agent releases must be signed with; repeat
+                for several (they replace the pinned ones); cloudgpu-agent upgrade refuses any
+                release none of them signed
 
 Re-running it keeps the existing configuration (runtime, compute mode, token, every other
 setting) and changes only what an option or a new code or token says. A failed run changes
@@ -64,9 +68,10 @@ USAGE
 
   while (($# > 0)); do
     case $1 in
-      --prefix | --state | --hub | --runtime | --download-timeout | --health-window)
+      --prefix | --state | --hub | --runtime | --download-timeout | --health-window | --release-key)
         (($# >= 2)) || die "$1 needs a value (see --help)" 2
         case $1 in
+          --release-key) release_keys+=("$2") ;;
           --prefix) prefix=$2 prefix_given=1 ;;
           --state) state=$2 ;;
           --hub) hub=$2 hub_given=1 ;;
@@ -483,7 +488,9 @@ print(token)' 2>/dev/null) || die "the hub's answer to the enrollment code is no
   # A token from an enrollment code belongs to the hub that issued it.
   if ((hub_given || code_spent)) || [[ ! -f $config ]]; then configure_args+=(--hub "$hub"); fi
   [[ -z $runtime ]] || configure_args+=(--runtime "$runtime")
-  if ((keep_config)) && ((!hub_given)) && [[ -z $runtime ]]; then
+  local key
+  for key in "${release_keys[@]}"; do configure_args+=(--release-key "$key"); done
+  if ((keep_config)) && ((!hub_given)) && [[ -z $runtime ]] && ((${#release_keys[@]} == 0)); then
     say "keeping the configuration in $config"
   else
     if [[ ! -e $state ]]; then
