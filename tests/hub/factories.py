@@ -230,3 +230,14 @@ def run_lease(host: Host, gpu_indices: list[int] | None = None, **spec: Any) -> 
     lease.refresh_from_db()
     assert lease.state == Lease.State.RUNNING
     return lease
+
+
+def run_lease_of(renter: User, host: Host, now: datetime, index: int = 0) -> Lease:
+    """A lease of ``renter`` on GPU ``index``, answered to running at ``now`` (billing counts
+    from there)."""
+    lease = lease_services.start_lease(renter, host, [index], lease_spec())
+    assert ack(command_of(lease, Command.Kind.RESERVE), now=now)
+    assert ack(command_of(lease, Command.Kind.DOCKER_RUN), result={"container_id": "c1"}, now=now)
+    lease.refresh_from_db()
+    assert lease.state == Lease.State.RUNNING
+    return lease

@@ -90,14 +90,7 @@ def _funded(admin: User, micros: int) -> User:
 
 
 def _run(host: Host, renter: User, now: datetime, index: int = 0) -> Lease:
-    lease = leases.start_lease(renter, host, [index], f.lease_spec())
-    assert f.ack(f.command_of(lease, Command.Kind.RESERVE), now=now)
-    assert f.ack(
-        f.command_of(lease, Command.Kind.DOCKER_RUN), result={"container_id": "c1"}, now=now
-    )
-    lease.refresh_from_db()
-    assert lease.state == State.RUNNING
-    return lease
+    return f.run_lease_of(renter, host, now, index)
 
 
 # --- rentals -------------------------------------------------------------------------------------
