@@ -192,7 +192,10 @@ def write_file(
         parser["agent"][key] = value
     # Beside the target, so the rename is atomic; named after it, so two targets never share.
     tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # A new file, never one that is there already (a crashed run's is removed first): with
+    # O_EXCL a link someone placed there is refused, not followed to write the token elsewhere.
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "w") as handle:
             parser.write(handle)

@@ -26,7 +26,9 @@ USER_AGENT = "CloudGPU-Webhooks/1"
 # repeats) until WEBHOOK_RETRY_FOR_S after the event: with the default base of 30 s, 30 s,
 # 2 min, 10 min, 30 min, 1 h, 2 h, 4 h, then every 8 h: 11 attempts in a day.
 RETRY_STEPS = (1, 4, 20, 60, 120, 240, 480, 960)
-CONCURRENCY = 32
+# A batch is one round: every request in flight at once, so a run holds its worker for one
+# WEBHOOK_TIMEOUT_S at most, however many endpoints hang.
+CONCURRENCY = 64
 
 
 @dataclass(frozen=True)

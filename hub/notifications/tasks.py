@@ -5,6 +5,7 @@ Each is safe to run twice at once: rows are claimed under skip-locked row locks.
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,7 +25,8 @@ log = logging.getLogger(__name__)
 
 DELIVER_TASK = "notifications.deliver_webhooks"
 EVENT_BATCH = 200
-DELIVERY_BATCH = 200
+PROCESS_BUDGET_S = 20.0
+DELIVERY_BATCH = delivery.CONCURRENCY
 # One endpoint's backlog (a receiver down for hours) fills at most this much of a batch, so
 # the other endpoints' deliveries go out in the same run.
 PER_ENDPOINT_IN_BATCH = 10
@@ -42,7 +44,12 @@ def _queue_deliveries() -> None:
 def process_events() -> int:
     """Email each due event (unless muted) and make its webhook deliveries; how many done."""
     done = 0
+    # A slow mail server that still answers (each send near EMAIL_TIMEOUT) must not hold the
+    # worker for the whole batch: the next sweep goes on where this one stopped.
+    stop_at = time.monotonic() + PROCESS_BUDGET_S
     for _ in range(EVENT_BATCH):
+        if time.monotonic() > stop_at:
+            break
         outcome = _process_one()
         if outcome is None:
             break

@@ -119,6 +119,10 @@ class Served:
                 with contextlib.suppress(OSError):  # the client went away
                     route(self)
 
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.do_GET()
+
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self._server.daemon_threads = True
         if tls is not None:
@@ -414,6 +418,29 @@ def test_a_hub_that_serves_no_release_was_reached(script: str, tmp_path: Path) -
     assert result.returncode == 3
     assert "was reached, but it serves no agent release" in result.stderr
     assert "reach the hub" not in result.stderr
+
+
+def test_a_hub_that_fails_the_enrollment_with_a_5xx_is_unreachable_not_a_refusal(
+    script: str, agent_wheel: WheelInfo, wheelhouse: Path, tmp_path: Path
+) -> None:
+    with Served({}) as server:
+        server.routes = {
+            **release_routes(agent_wheel, server.url),
+            "/agent/enroll": send(b"<html>502 Bad Gateway</html>", status=502),
+        }
+        result = run_install(
+            script,
+            "cgpe_" + "a" * 36,
+            *("--prefix", str(tmp_path / "prefix"), "--no-systemd", "--runtime", "mock"),
+            *("--hub", server.url),
+            tmp=tmp_path,
+            env={"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheelhouse)},
+        )
+    assert result.returncode == 3, result.stderr
+    assert "could not answer at" in result.stderr
+    assert "(HTTP 502)" in result.stderr
+    assert "refused" not in result.stderr
+    assert not (tmp_path / "prefix" / "venv").exists()
 
 
 def test_a_download_that_times_out_says_which(script: str, tmp_path: Path) -> None:

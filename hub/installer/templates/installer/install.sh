@@ -400,6 +400,10 @@ print(json.dumps({"code": sys.stdin.readline().strip(), "host": socket.gethostna
     code=""
     status=${reply##*$'\n'}
     reply=${reply%$'\n'*}
+    if [[ $status == 5* ]]; then
+      # A proxy's 502, a hub restarting: the code was not looked at, so it is not spent.
+      die "the hub could not answer at $hub/agent/enroll (HTTP $status): re-run in a minute (if the code was used up meanwhile, make a new install command)" 3
+    fi
     if [[ $status != 201 ]]; then
       # The hub says why in plain words (used, expired, unknown, rate limited); printable only.
       local why
