@@ -56,14 +56,18 @@ PAGES: dict[str, str] = {
 
 
 class _Fields(dict[str, Any]):
+    missing: set[str]
+
     def __missing__(self, key: str) -> str:
+        self.missing.add(key)
         return "?"
 
 
-def _line(kind: str, fields: dict[str, Any]) -> str:
+def _line(kind: str, fields: dict[str, Any], missing: set[str] | None = None) -> str:
     values = _Fields(
         {k: ", ".join(map(str, v)) if isinstance(v, list) else v for k, v in fields.items()}
     )
+    values.missing = missing if missing is not None else set()
     return LINES[kind].format_map(values)
 
 
@@ -86,3 +90,15 @@ def lines(event: Event) -> list[str]:
 
 def page(event: Event) -> str:
     return PAGES[event.kind]
+
+
+def missing_fields(event: Event) -> set[str]:
+    """The fields the kind's words name that the event's data lacks (shown as "?"): a test
+    checks that every emitter fills every one."""
+    missing: set[str] = set()
+    if not KINDS[event.kind].coalesce:
+        _line(event.kind, event.data, missing)
+    else:
+        for item in event.data.get("items", []):
+            _line(event.kind, item, missing)
+    return missing

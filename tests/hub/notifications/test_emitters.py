@@ -23,6 +23,7 @@ from hub.billing.models import LedgerEntry
 from hub.leases import funds, gpu_faults, host_status, stuck_releases
 from hub.leases import services as leases
 from hub.leases.models import Command, Lease
+from hub.notifications import emails, wording
 from hub.notifications.kinds import KINDS
 from hub.notifications.models import Event, NotificationSettings
 from hub.suppliers import services as suppliers
@@ -42,6 +43,18 @@ PRICE = 36 * UNIT  # $36 an hour: 10,000 micros a second
 def liveness_set() -> Iterator[str]:
     with f.private_liveness_set() as key:
         yield key
+
+
+@pytest.fixture(autouse=True)
+def every_event_reads_whole() -> Iterator[None]:
+    """Each event a test's emitters made has every field its email's words name, and its
+    email (text and HTML) renders."""
+    yield
+    for event in Event.objects.select_related("account"):
+        assert wording.missing_fields(event) == set(), (event.kind, event.data)
+        mail = emails.message(event, event.account)
+        assert mail.subject.startswith("CloudGPU: ")
+        assert "?" not in mail.body.split("Open CloudGPU")[0], mail.body
 
 
 @pytest.fixture
