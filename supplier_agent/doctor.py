@@ -329,6 +329,27 @@ def _images_row(state: str | None) -> Row:
     return Row("images", "ok", "rentals pull their image anonymously from public registries")
 
 
+def _release_keys_row(state: str | None) -> Row:
+    """Whether `upgrade` checks who signed a release (release_signing.py)."""
+    from supplier_agent.config import ConfigError, load
+
+    try:
+        keys = load({"state": state}).release_keys
+    except ConfigError as exc:
+        return Row("releases", "warn", f"cannot read the pinned release keys: {exc}")
+    if not keys:
+        return Row(
+            "releases",
+            "warn",
+            "no release key pinned: upgrades check the wheel's sha256 but not who signed it; "
+            "pin the hub operator's key with configure --update --release-key KEY",
+        )
+    from supplier_agent.release_signing import key_id
+
+    ids = ", ".join(key_id(k) for k in keys)
+    return Row("releases", "ok", f"upgrades take only releases signed by {ids}")
+
+
 def _connectivity_row(state: str | None) -> tuple[Row, int]:
     """The hub row and ``smoke``'s exit code for the same handshake."""
     from supplier_agent.config import ConfigError, load
@@ -370,6 +391,7 @@ def run_doctor(state: str | None, *, connectivity: bool) -> int:
     rows.append(_disk_limit_row(client))
     rows.append(_userns_row(client))
     rows.append(_images_row(state))
+    rows.append(_release_keys_row(state))
     if Path("/var/lock").is_dir() and not os.access("/var/lock", os.W_OK):
         rows.append(Row("locks", "warn", "/var/lock is not writable: run the agent as root"))
     code = 0

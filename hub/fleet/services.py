@@ -8,12 +8,22 @@ from datetime import datetime, timedelta
 from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 
+import supplier_agent
 from hub.leases.models import Command, Lease, LeaseGpu
+from hub.lib.versions import is_older, version_key
 from hub.suppliers.models import Gpu, Host
 
 # "Recently" for failed commands and finished leases.
 RECENT = timedelta(hours=24)
 TABLE_ROWS = 20
+
+
+@dataclass(frozen=True)
+class AgentVersion:
+    version: str  # "" for hosts that never said (none register without it today)
+    hosts: int
+    online: int
+    behind: bool  # older than the agent this hub serves
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,7 @@ class Fleet:
     failed_commands: list[Command]
     overdue_commands: list[Command]
     now: datetime
+    agent_versions: tuple[AgentVersion, ...] = ()
 
 
 def fleet_summary(now: datetime | None = None) -> Fleet:
@@ -108,4 +119,18 @@ def fleet_summary(now: datetime | None = None) -> Fleet:
         failed_commands=list(failed.select_related("host").order_by("-created_at")[:TABLE_ROWS]),
         overdue_commands=list(overdue.select_related("host").order_by("deadline")[:TABLE_ROWS]),
         now=now,
+        agent_versions=agent_versions(),
     )
+
+
+def agent_versions() -> tuple[AgentVersion, ...]:
+    """Hosts per agent version, newest first: what a rollout has reached, and who is behind
+    the agent this hub serves."""
+    rows = Host.objects.values_list("agent_version").annotate(
+        hosts=Count("pk"), online=Count("pk", filter=Q(status=Host.Status.ONLINE))
+    )
+    found = [
+        AgentVersion(v, hosts, online, bool(v) and is_older(v, supplier_agent.__version__))
+        for v, hosts, online in rows
+    ]
+    return tuple(sorted(found, key=lambda a: version_key(a.version), reverse=True))

@@ -7,6 +7,7 @@ from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
+import supplier_agent
 from hub.fleet.services import RECENT, fleet_summary
 
 
@@ -17,5 +18,6 @@ def fleet(request: HttpRequest) -> HttpResponse:
         "title": "Fleet",
         "fleet": fleet_summary(),
         "recent_hours": int(RECENT.total_seconds() // 3600),
+        "hub_agent_version": supplier_agent.__version__,
     }
     return render(request, "fleet/fleet.html", context)

@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from supplier_agent import release_signing
 from tests.support.agents import AGENT, agent_env, configure, new_token
 from tests.support.fake_gpus import FakeGpuTable, fake_nvml_env
 from tests.support.hub_peer import HubPeer
@@ -167,6 +169,24 @@ def test_doctor_says_which_images_renters_may_run(tmp_path: Path, docker_client:
     row = _row(_doctor(env, "--state", str(opted)).stdout, "images")
     assert row.split()[1] == "warn"
     assert "private ones included" in row
+
+
+def test_doctor_says_whether_upgrades_check_who_signed_a_release(
+    tmp_path: Path, docker_client: Any
+) -> None:
+    env = agent_env(**fake_nvml_env(tmp_path / "no-such-table.json"))
+    state = tmp_path / "agent"
+    hub, token = "https://hub.example.com", new_token()
+    assert configure(state, hub, token, "--runtime", "mock").returncode == 0
+    row = _row(_doctor(env, "--state", str(state)).stdout, "releases")
+    assert row.split()[1] == "warn"
+    assert "no release key pinned" in row
+
+    key = release_signing.public_key_text(Ed25519PrivateKey.generate().public_key())
+    assert configure(state, hub, token, "--runtime", "mock", "--release-key", key).returncode == 0
+    row = _row(_doctor(env, "--state", str(state)).stdout, "releases")
+    assert row.split()[1] == "ok"
+    assert f"signed by {release_signing.key_id(key)}" in row
 
 
 def test_doctor_says_how_rentals_disk_use_is_bounded(tmp_path: Path, docker_client: Any) -> None:

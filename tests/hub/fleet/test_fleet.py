@@ -11,6 +11,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+import supplier_agent
 from hub.accounts.api_tokens import authenticate_api_token, create_api_token
 from hub.fleet.services import fleet_summary
 from hub.leases.models import Command, Lease
@@ -99,6 +100,28 @@ def test_the_fleet_page_lists_gpus_delisted_as_failed(staff_client: Client) -> N
     html = staff_client.get(FLEET).content.decode()
     assert '<td data-count="gpus-unhealthy">1</td>' in html
     assert "NVML lost the GPU" in html
+
+
+def test_the_fleet_page_counts_hosts_per_agent_version_and_flags_those_behind(
+    staff_client: Client,
+) -> None:
+    current = supplier_agent.__version__
+    for version, online in (("0.0.1", True), ("0.0.1", False), (current, True)):
+        host = f.register_host()
+        Host.objects.filter(pk=host.pk).update(agent_version=version)
+        if not online:
+            f.take_offline(host)
+    versions = {v.version: v for v in fleet_summary().agent_versions}
+    assert (versions["0.0.1"].hosts, versions["0.0.1"].online, versions["0.0.1"].behind) == (
+        2,
+        1,
+        True,
+    )
+    assert (versions[current].hosts, versions[current].behind) == (1, False)
+    assert [v.version for v in fleet_summary().agent_versions] == [current, "0.0.1"]
+    html = staff_client.get(FLEET).content.decode()
+    assert '<td data-version-hosts="0.0.1">2</td>' in html
+    assert f"behind this hub&#x27;s {current}" in html or f"behind this hub's {current}" in html
 
 
 def test_anyone_else_is_sent_to_the_admin_login(client: Client) -> None:
