@@ -7,7 +7,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from supplier_agent import release_signing
+from supplier_agent.config import read_file
 from tests.support.agents import AGENT, agent_env, configure, new_token
 
 HUB = "https://hub.example.com"
@@ -87,3 +90,18 @@ def configure_without_hub(state: Path) -> subprocess.CompletedProcess[str]:
         timeout=60,
         check=False,
     )
+
+
+def test_release_keys_are_checked_normalised_and_written(tmp_path: Path) -> None:
+    """Issue 37: `--release-key` pins keys; a malformed one is refused and writes nothing."""
+    state = tmp_path / "state"
+    bad = configure(state, HUB, new_token(), "--release-key", "ed25519:nope")
+    assert bad.returncode != 0
+    assert "32 bytes" in bad.stderr
+    assert not (state / "cloudgpu-agent.conf").exists()
+    keys = [
+        release_signing.public_key_text(Ed25519PrivateKey.generate().public_key()) for _ in "ab"
+    ]
+    good = configure(state, HUB, new_token(), *(f"--release-key={k}" for k in [*keys, keys[0]]))
+    assert good.returncode == 0, good.stderr
+    assert read_file(state)["release_keys"] == ",".join(keys)

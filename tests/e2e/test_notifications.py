@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 from django.test import override_settings
@@ -17,12 +17,14 @@ from hub.notifications.models import Event, WebhookDelivery, WebhookEndpoint
 from tests.hub import factories as f
 from tests.support.hub_stack import hub_stack
 from tests.support.polling import wait_for
-from tests.support.smtp_server import smtp_server
+from tests.support.smtp_server import Mailbox, smtp_server
 from tests.support.webhook_receiver import webhook_receiver
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# One hub for the module (the mailbox fixture): its tests run on one xdist worker.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.xdist_group("notifications-e2e")]
 
 TIMEOUT_S = 2
+COALESCE_S = 2
 
 
 def _settings(smtp_port: int) -> dict[str, str]:
@@ -31,12 +33,20 @@ def _settings(smtp_port: int) -> dict[str, str]:
         "EMAIL_HOST": "127.0.0.1",
         "EMAIL_PORT": str(smtp_port),
         "DEFAULT_FROM_EMAIL": "CloudGPU <notices@cloudgpu.test>",
-        "NOTIFY_COALESCE_S": "2",
+        "NOTIFY_COALESCE_S": str(COALESCE_S),
         "NOTIFY_SWEEP_S": "1",
         "WEBHOOK_RETRY_BASE_S": "1",
         "WEBHOOK_TIMEOUT_S": str(TIMEOUT_S),
         "WEBHOOK_ALLOW_LOOPBACK": "1",
     }
+
+
+@pytest.fixture(scope="module")
+def mailbox(tmp_path_factory: pytest.TempPathFactory, django_db_setup: None) -> Iterator[Mailbox]:
+    """One SMTP server and one hub (web, worker, beat) for the module: each test tells its
+    mail and deliveries apart by its own accounts and receiver."""
+    with smtp_server() as box, hub_stack(tmp_path_factory.mktemp("notify"), **_settings(box.port)):
+        yield box
 
 
 def _delivered(endpoint: WebhookEndpoint) -> WebhookDelivery | None:
@@ -46,21 +56,20 @@ def _delivered(endpoint: WebhookEndpoint) -> WebhookDelivery | None:
 
 
 @override_settings(WEBHOOK_ALLOW_LOOPBACK=True)
-def test_an_event_is_emailed_and_posted_signed_and_retried(tmp_path: Path) -> None:
+def test_an_event_is_emailed_and_posted_signed_and_retried(mailbox: Mailbox) -> None:
     user = f.make_user("renter", email="renter@example.test")
-    with webhook_receiver() as receiver, smtp_server() as mailbox:
+    with webhook_receiver() as receiver:
         ok = endpoints.add(user, receiver.url("/ok"), "mine")
         flaky = endpoints.add(user, receiver.url("/fail-2"), "flaky")
         other_kind = endpoints.add(user, receiver.url("/ok-other"), kinds=["rental.ended"])
-        with hub_stack(tmp_path, **_settings(mailbox.port)):
-            emit(
-                user.pk,
-                "security.ssh_key_added",
-                {"fingerprint": "SHA256:abc", "comment": "laptop"},
-            )
-            mail = wait_for(lambda: mailbox.to(user.email), timeout_s=60, what="the email")[0]
-            wait_for(lambda: _delivered(ok), timeout_s=60, what="the webhook")
-            wait_for(lambda: _delivered(flaky), timeout_s=60, what="the webhook after two 500s")
+        emit(
+            user.pk,
+            "security.ssh_key_added",
+            {"fingerprint": "SHA256:abc", "comment": "laptop"},
+        )
+        mail = wait_for(lambda: mailbox.to(user.email), timeout_s=60, what="the email")[0]
+        wait_for(lambda: _delivered(ok), timeout_s=60, what="the webhook")
+        wait_for(lambda: _delivered(flaky), timeout_s=60, what="the webhook after two 500s")
     event = Event.objects.get(account=user, kind="security.ssh_key_added")
     # The email: both parts, the event's words, a one-click unsubscribe.
     assert "New SSH key" in mail["Subject"]
@@ -100,70 +109,68 @@ def test_an_event_is_emailed_and_posted_signed_and_retried(tmp_path: Path) -> No
 
 
 @override_settings(WEBHOOK_ALLOW_LOOPBACK=True)
-def test_a_hanging_endpoint_delays_no_other_and_times_out(tmp_path: Path) -> None:
+def test_a_hanging_endpoint_delays_no_other_and_times_out(mailbox: Mailbox) -> None:
     user = f.make_user("supplier", email="")
-    with webhook_receiver() as receiver, smtp_server() as mailbox:
+    with webhook_receiver() as receiver:
         hanging = endpoints.add(user, receiver.url("/hang"))
         fine = endpoints.add(user, receiver.url("/ok"))
-        with hub_stack(tmp_path, **_settings(mailbox.port)):
-            emit(user.pk, "payout.paid", {"payout": "7", "amount": "12.00"})
-            # The fine endpoint has its request while the other still hangs.
-            wait_for(lambda: receiver.at("/ok"), timeout_s=60, what="the fine endpoint's post")
-            assert receiver.at("/hang")
-            assert receiver.hanging == 1
-            failed_once = wait_for(
-                lambda: WebhookDelivery.objects.filter(endpoint=hanging, attempts__gte=1).first(),
-                timeout_s=60,
-                what="the hanging endpoint's attempt to end",
-            )
-            receiver.release()
-            wait_for(lambda: _delivered(hanging), timeout_s=60, what="the retry")
+        emit(user.pk, "payout.paid", {"payout": "7", "amount": "12.00"})
+        # The fine endpoint has its request while the other still hangs.
+        wait_for(lambda: receiver.at("/ok"), timeout_s=60, what="the fine endpoint's post")
+        assert receiver.at("/hang")
+        assert receiver.hanging == 1
+        failed_once = wait_for(
+            lambda: WebhookDelivery.objects.filter(endpoint=hanging, attempts__gte=1).first(),
+            timeout_s=60,
+            what="the hanging endpoint's attempt to end",
+        )
+        receiver.release()
+        wait_for(lambda: _delivered(hanging), timeout_s=60, what="the retry")
     assert failed_once.last_error == f"no answer within {TIMEOUT_S} s"
     assert failed_once.last_status is None
     assert _delivered(fine) is not None
-    assert mailbox.messages == []  # no address, no mail
+    assert not [m for m in mailbox.messages if "Payout paid" in m["Subject"]]  # no address
 
 
 @override_settings(WEBHOOK_ALLOW_LOOPBACK=True)
-def test_a_private_address_is_never_posted_to(tmp_path: Path) -> None:
+def test_a_private_address_is_never_posted_to(mailbox: Mailbox) -> None:
     user = f.make_user("renter")
     # Saved around the form's check, as a row changed by hand would be: the delivery checks
     # again, against what the name resolves to then.
     private = WebhookEndpoint.objects.create(
         account=user, url="https://10.9.8.7/hook", secret=signing.new_secret()
     )
-    with smtp_server() as mailbox, hub_stack(tmp_path, **_settings(mailbox.port)):
-        emit(user.pk, "topup.credited", {"amount": "5.00", "balance": "5.00"})
-        tried = wait_for(
-            lambda: WebhookDelivery.objects.filter(endpoint=private, attempts__gte=1).first(),
-            timeout_s=60,
-            what="the delivery's first attempt",
-        )
+    emit(user.pk, "topup.credited", {"amount": "5.00", "balance": "5.00"})
+    tried = wait_for(
+        lambda: WebhookDelivery.objects.filter(endpoint=private, attempts__gte=1).first(),
+        timeout_s=60,
+        what="the delivery's first attempt",
+    )
     assert tried.state == WebhookDelivery.State.PENDING
     assert (
         tried.last_error == "refused: webhooks cannot go to a private or reserved address: 10.9.8.7"
     )
 
 
-@override_settings(WEBHOOK_ALLOW_LOOPBACK=True)
-def test_a_fleet_going_offline_is_one_email_and_one_webhook(tmp_path: Path) -> None:
+# The window is the emitting process's setting: here, this one's (the hub's is the same).
+@override_settings(WEBHOOK_ALLOW_LOOPBACK=True, NOTIFY_COALESCE_S=COALESCE_S)
+def test_a_fleet_going_offline_is_one_email_and_one_webhook(mailbox: Mailbox) -> None:
     supplier = f.make_user("supplier", email="fleet@example.test")
     bystander = f.make_user("supplier", email="other@example.test")
-    with webhook_receiver() as receiver, smtp_server() as mailbox:
+    with webhook_receiver() as receiver:
         endpoints.add(supplier, receiver.url("/ok"))
-        with hub_stack(tmp_path, **_settings(mailbox.port)):
-            for n in range(40):
-                emit(supplier.pk, "host.offline", {"host": str(n), "name": f"rig-{n}", "at": "now"})
-            emit(bystander.pk, "host.offline", {"host": "99", "name": "lonely", "at": "now"})
-            wait_for(lambda: receiver.at("/ok"), timeout_s=60, what="the coalesced webhook")
-            wait_for(lambda: mailbox.to(bystander.email), timeout_s=60, what="the other's mail")
-            (mail,) = wait_for(lambda: mailbox.to(supplier.email), timeout_s=60, what="the mail")
-            # Nothing more follows for the burst.
-            wait_for(
-                lambda: not Event.objects.filter(state=Event.State.PENDING).exists(),
-                timeout_s=60,
-                what="every event done",
-            )
+        for n in range(40):
+            emit(supplier.pk, "host.offline", {"host": str(n), "name": f"rig-{n}", "at": "now"})
+        emit(bystander.pk, "host.offline", {"host": "99", "name": "lonely", "at": "now"})
+        wait_for(lambda: receiver.at("/ok"), timeout_s=60, what="the coalesced webhook")
+        wait_for(lambda: mailbox.to(bystander.email), timeout_s=60, what="the other's mail")
+        (mail,) = wait_for(lambda: mailbox.to(supplier.email), timeout_s=60, what="the mail")
+        # Nothing more follows for the burst.
+        wait_for(
+            lambda: not Event.objects.filter(state=Event.State.PENDING).exists(),
+            timeout_s=60,
+            what="every event done",
+        )
     assert len(receiver.at("/ok")) == 1
     assert len(mailbox.to(supplier.email)) == 1
     data = json.loads(receiver.at("/ok")[0].body)["data"]

@@ -180,14 +180,10 @@ def test_a_rerun_with_a_runtime_or_a_token_keeps_every_other_setting(
         assert read_config(config) == {**expected, "runtime": "mock"}
 
         # Release keys (as an install command from a hub that signs releases): pinned, and
-        # nothing else changes; a malformed one is refused and changes nothing.
+        # nothing else changes. (A malformed key: tests/agent/test_configure_options.py.)
         key = release_signing.public_key_text(Ed25519PrivateKey.generate().public_key())
         pinned = run_install(script, *args, "--release-key", key, tmp=tmp_path, env=env)
         assert pinned.returncode == 0, pinned.stderr
-        assert read_config(config) == {**expected, "runtime": "mock", "release_keys": key}
-        bad = run_install(script, *args, "--release-key", "ed25519:nope", tmp=tmp_path, env=env)
-        assert bad.returncode != 0
-        assert "release_keys" in bad.stderr or "32 bytes" in bad.stderr
         assert read_config(config) == {**expected, "runtime": "mock", "release_keys": key}
 
     parser = configparser.ConfigParser(interpolation=None)
