@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import ipaddress
 import json
 import os
 import secrets
@@ -34,6 +33,7 @@ from hub.lib import metrics_dir as metrics
 from hub.lib.embedded import EmbeddedPostgres, EmbeddedRedis, EmbeddedServiceError
 from hub.lib.ports import wait_for_port
 from hub.lib.supervise import Supervisor
+from supplier_agent.config import is_loopback
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_STATE_DIR = BASE_DIR / ".state"
@@ -114,21 +114,12 @@ def _manage(env: dict[str, str], log_path: Path | None, *args: str) -> str:
     return result.stdout
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _plan_mail(env: dict[str, str], state: Path, host: str) -> str:
     """The trial's notices: emails printed in the worker's log unless an SMTP server is
     configured, and webhooks allowed to a receiver on this machine (http to loopback) when
     the hub listens on loopback only (anyone who can sign up could aim them at this
     machine's own services otherwise)."""
-    if _is_loopback(host):
+    if is_loopback(host):
         env.setdefault("WEBHOOK_ALLOW_LOOPBACK", "1")
     if "EMAIL_BACKEND" not in env and not env.get("EMAIL_HOST"):
         env["EMAIL_BACKEND"] = "django.core.mail.backends.console.EmailBackend"

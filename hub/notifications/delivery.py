@@ -67,7 +67,7 @@ def retry_delay(attempts: int) -> timedelta:
 
 
 async def _post(client: httpx.AsyncClient, request: Request, limit: asyncio.Semaphore) -> Outcome:
-    started = time.monotonic()
+    started = 0.0  # set once the request may go (after waiting for a slot)
 
     def outcome(ok: bool, status: int | None, error: str) -> Outcome:
         elapsed_ms = int((time.monotonic() - started) * 1000)

@@ -36,7 +36,3 @@ KINDS: dict[str, Kind] = {
 }
 # Sent only by the account page's "send test event" button, to one endpoint, never by email.
 TEST_KIND = "webhook.test"
-
-
-def kind(name: str) -> Kind:
-    return KINDS[name]

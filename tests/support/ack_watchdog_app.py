@@ -1,6 +1,6 @@
 """A Celery app for tests/hub/test_celery_ack_watchdog.py: the hub's broker settings that
 matter for a lost ack (acks late, prefetch 1, no remote control) and the hub's watchdog, on a
-Redis of the test's own (ACK_TEST_BROKER), with two tasks that signal through files in
+Redis of the test's own (ACK_TEST_BROKER), with a task that signals through a file in
 ACK_TEST_DIR. ACK_TEST_WATCHDOG=0 leaves the watchdog out (to see the worker stall)."""
 
 from __future__ import annotations
@@ -31,17 +31,6 @@ def make_app(broker_url: str) -> Celery:
 app = make_app(os.environ.get("ACK_TEST_BROKER", "redis://127.0.0.1:1/0"))
 if os.environ.get("ACK_TEST_WATCHDOG", "1") != "0":
     celery_ack_watchdog.install(app)
-
-
-@app.task(name="ack_test.hold")
-def hold(name: str) -> None:
-    """Says it started, then finishes once the test allows it (the test kills the broker in
-    between, so this task's ack fails)."""
-    folder = Path(os.environ["ACK_TEST_DIR"])
-    (folder / f"{name}.started").touch()
-    deadline = time.monotonic() + 120
-    while not (folder / f"{name}.go").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 @app.task(name="ack_test.mark")
