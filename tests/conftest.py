@@ -252,7 +252,18 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
     ``database_sync_to_async`` calls after them each opening a connection in a context copy
     that its clean-up does not see (asgiref 3.13; hub/agents/db_threads.py closes the hub's own
     inside the call instead). The next test's replaces it, but the last one outlives the
-    session and the drop fails with "being accessed by other users"."""
+    session and the drop fails with "being accessed by other users".
+
+    In between, every flush of the database puts the catalogue's seeded templates back
+    (tests/support/db.py)."""
+    from django.apps import apps
+    from django.db.models.signals import post_migrate
+
+    from tests.support.db import reseed_after_flush
+
+    post_migrate.connect(
+        reseed_after_flush, sender=apps.get_app_config("catalog"), dispatch_uid="test-reseed"
+    )
     yield
     from django.db import connection
 

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from django.core.management import call_command
 from django.utils import timezone
 
 from hub.catalog import offers
@@ -32,6 +33,16 @@ def test_the_seeded_catalogue_has_the_four_templates() -> None:
     for template in Template.objects.all():
         spec = lease_spec(template)  # every seeded template passes the protocol's checks
         assert spec.image == template.image
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_flush_like_a_transactional_test_s_leaves_the_seeded_catalogue() -> None:
+    # pytest-django ends every transactional test with this flush; under xdist the tests that
+    # read the catalogue may come after one on the same worker.
+    call_command("flush", interactive=False, verbosity=0)
+    slugs = set(Template.objects.values_list("slug", flat=True))
+    assert {"pytorch-jupyterlab", "vllm-openai", "comfyui", "ubuntu-ssh"} <= slugs
+    assert Template.objects.count() == len(slugs)  # seeded once, not again on top
 
 
 def test_offers_are_free_listed_gpus_of_online_hosts_filtered_and_sorted() -> None:
