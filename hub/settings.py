@@ -136,6 +136,7 @@ INSTALLED_APPS = [
     "hub.volumes",
     "hub.benchmarks",
     "hub.notifications",
+    "hub.rollouts",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -534,6 +535,27 @@ AGENT_DIST_DIR = Path(env_str("AGENT_DIST_DIR") or BASE_DIR / ".state" / "agent-
 AGENT_RELEASE_DIR = env_str("AGENT_RELEASE_DIR")
 AGENT_RELEASE_SIGNING_KEY_FILE = env_str("AGENT_RELEASE_SIGNING_KEY_FILE")
 AGENT_RELEASE_PUBLIC_KEYS = env_list("AGENT_RELEASE_PUBLIC_KEYS")
+# Staged rollouts of the served release (hub/rollouts, docs/operators.md "Rolling out an agent
+# release"). Every ROLLOUT_TICK_S the beat advances the running rollout. A host told to upgrade
+# has ROLLOUT_HOST_TIMEOUT_S to come back at the version; it is then watched for
+# ROLLOUT_OBSERVE_S (an offline spell in it counts against the release). A wave whose failed
+# share exceeds the offline share among the other hosts by ROLLOUT_MAX_FAILURE_PERCENT points
+# pauses the rollout and rolls the wave back. Hosts whose rental started less than
+# ROLLOUT_FRESH_RENTAL_S ago wait (unless the rollout is forced).
+ROLLOUT_TICK_S = env_int("ROLLOUT_TICK_S", 5)
+ROLLOUT_HOST_TIMEOUT_S = env_int("ROLLOUT_HOST_TIMEOUT_S", 900)
+ROLLOUT_OBSERVE_S = env_int("ROLLOUT_OBSERVE_S", 300)
+ROLLOUT_MAX_FAILURE_PERCENT = env_int("ROLLOUT_MAX_FAILURE_PERCENT", 10)
+ROLLOUT_FRESH_RENTAL_S = env_int("ROLLOUT_FRESH_RENTAL_S", 600)
+if min(ROLLOUT_TICK_S, ROLLOUT_HOST_TIMEOUT_S) < 1 or ROLLOUT_OBSERVE_S < 0:
+    raise ImproperlyConfigured("ROLLOUT_TICK_S and ROLLOUT_HOST_TIMEOUT_S must be at least 1")
+if not 0 <= ROLLOUT_MAX_FAILURE_PERCENT <= 100:
+    raise ImproperlyConfigured("ROLLOUT_MAX_FAILURE_PERCENT must be between 0 and 100")
+CELERY_BEAT_SCHEDULE["advance-rollouts"] = {
+    "task": "rollouts.advance",
+    "schedule": float(ROLLOUT_TICK_S),
+    "options": {"expires": float(ROLLOUT_TICK_S)},
+}
 
 # --- Tunnels (a public URL per container port, through the SSH gateway) ---------------------
 # Tunnels are on when a domain and the gateway's ssh address and host keys are set: every

@@ -55,14 +55,17 @@ from supplier_agent.protocol import (
     Register,
     Release,
     Reserve,
+    Rollback,
     TunnelSpec,
     TunnelState,
+    Upgrade,
     VolumeDelete,
     Welcome,
     encode,
     parse_message,
 )
 from supplier_agent.runtime import CommandFailed, HostFacts, Runtime
+from supplier_agent.self_upgrade import SelfUpgrader
 from supplier_agent.state import AgentState, Claim
 from supplier_agent.terminals import Terminals
 from supplier_agent.tunnels import (
@@ -107,6 +110,7 @@ class TrialFailed(Exception):
 TOKEN_CLOSE_CODES = {4001, 4003, 4401, 4403}
 # How often `run --trial` asks the runtime for its GPUs while it waits out its window.
 TRIAL_POLL_S = 5.0
+RESTART_FLUSH_S = 10.0
 
 
 class _NoRedirects(connect):
@@ -201,10 +205,16 @@ class Agent:
         self.reconnects = 0
         # Replaced on every connection (_session); this one belongs to none.
         self._terminals = Terminals(runtime.open_exec, _nowhere)
+        # A hub rollout's upgrade or rollback; without systemd it ends with this process
+        # stopping and cli.cmd_run exec-ing ``reexec_argv``: the new version, same arguments.
+        self.upgrader = SelfUpgrader(config, self._outbox.put_nowait, self._restart_into)
+        self.reexec_argv: list[str] | None = None
+        self._stop: asyncio.Event | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
+        self._stop = stop
         held = await self.runtime.adopt(dict(self.state.claims))
         for lease_id in list(self.state.claims):
             if lease_id not in held:
@@ -449,6 +459,10 @@ class Agent:
                 # In the background, in order per session (terminals.py): a process that reads
                 # no input must not hold up the hub's other messages.
                 self._spawn(self._terminals.handle(message))
+            elif isinstance(message, Upgrade):
+                self._spawn(self.upgrader.upgrade(message))
+            elif isinstance(message, Rollback):
+                self._spawn(self.upgrader.rollback(message))
             elif isinstance(message, Welcome):
                 await self._apply_welcome(message)
             elif isinstance(message, Error):
@@ -495,6 +509,8 @@ class Agent:
                 if not isinstance(message, LogChunk):
                     self._outbox.put_nowait(message)
                 raise
+            finally:
+                self._outbox.task_done()  # join() (_stop_once_sent) waits for what is sent
 
     async def _deadman_loop(self, stop: asyncio.Event) -> None:
         """While the hub is away, end leases whose paid time is over; never a paid one."""
@@ -562,6 +578,18 @@ class Agent:
 
     def _note_tunnel_state(self, message: TunnelState) -> None:
         self._outbox.put_nowait(message)
+
+    def _restart_into(self, argv: list[str]) -> None:
+        self.reexec_argv = argv
+        self._spawn(self._stop_once_sent())
+
+    async def _stop_once_sent(self) -> None:
+        # The upgrade's last status goes out first (the hub shows it); 10 s at most.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._outbox.join(), RESTART_FLUSH_S)
+        log.info("restarting into %s", self.reexec_argv[0] if self.reexec_argv else "?")
+        if self._stop is not None:
+            self._stop.set()
 
     def _send_from_thread(self, message: Message) -> None:
         if self._loop is not None:

@@ -231,6 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-downgrade", action="store_true", help="install the hub's version even if older"
     )
     upgrade.add_argument(
+        "--expect-version",
+        metavar="V",
+        help="refuse unless the hub serves version V (a hub rollout's own upgrades pass it)",
+    )
+    upgrade.add_argument(
         "--timeout",
         type=float,
         default=600,
@@ -547,6 +552,12 @@ def cmd_run(
     finally:
         if metrics_server is not None:
             metrics_server.shutdown()
+    if agent.reexec_argv:
+        # A rollout switched the prefix without systemd to restart us (self_upgrade.py): the
+        # state lock and claims' fds are not inherited, the new version takes them again.
+        logging.getLogger("cloudgpu.agent").info("exec %s", " ".join(agent.reexec_argv))
+        logging.shutdown()
+        os.execv(agent.reexec_argv[0], agent.reexec_argv)  # noqa: S606
     return EXIT_OK
 
 
@@ -590,6 +601,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
             deadline_s=args.timeout,
             health_window_s=args.health_window,
             release_keys=config.release_keys,
+            expect_version=args.expect_version,
         )
     except (UpgradeError, OSError) as exc:
         print(f"cloudgpu-agent upgrade: {exc}", file=sys.stderr)

@@ -18,6 +18,8 @@ the protocol from this module: the rest of it lives in these, and is re-exported
 - protocol_hub_to_agent.py: what the hub sends (``Welcome``, the commands ``Reserve``,
   ``DockerRun`` and ``Release``, ``Logs``, ``VolumeDelete``, ``Ping``).
 - protocol_terminals.py: the ``exec_*`` messages of a renter's terminal, both directions.
+- protocol_upgrades.py: a staged rollout's ``upgrade`` and ``rollback`` and the agent's
+  ``upgrade_status``.
 - protocol_fast_path.py: msgspec's decoder for heartbeats, tried before the validators.
 
 The schema is the hand-written validators (each message's ``from_dict``). Heartbeats, the hub's
@@ -121,6 +123,7 @@ from supplier_agent.protocol_terminals import (
     ExecOutput,
     ExecResize,
 )
+from supplier_agent.protocol_upgrades import Rollback, Upgrade, UpgradeStatus
 
 # Every name the protocol had when it was one module, so that `from supplier_agent.protocol
 # import X` stays the one import for callers. ``_fast_heartbeat`` is imported too: it is looked
@@ -189,10 +192,13 @@ __all__ = [
     "Release",
     "RenterVolume",
     "Reserve",
+    "Rollback",
     "TunnelForward",
     "TunnelSpec",
     "TunnelState",
     "UnsupportedVersion",
+    "Upgrade",
+    "UpgradeStatus",
     "VolumeDelete",
     "VolumeRemoval",
     "VolumeReport",
@@ -226,6 +232,7 @@ AGENT_TO_HUB = frozenset(
         "volume_report",
         "exec_output",
         "exec_exit",
+        "upgrade_status",
         "error",
     }
 )
@@ -242,6 +249,8 @@ HUB_TO_AGENT = frozenset(
         "exec_resize",
         "exec_close",
         "ping",
+        "upgrade",
+        "rollback",
         "error",
     }
 )

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hmac
+import json
 import os
 import shutil
 import subprocess
@@ -53,7 +54,7 @@ from supplier_agent.upgrade_fetch import (
     version_key,
 )
 
-__all__ = ["UpgradeError", "release_url_for", "upgrade"]
+__all__ = ["UpgradeError", "release_url_for", "rollback", "upgrade"]
 
 VENV_TIMEOUT_S = 300
 PIP_TIMEOUT_S = 1800
@@ -63,6 +64,9 @@ TRIAL_SLACK_S = 60
 DEADLINE_S = 600  # the whole upgrade, as docs/suppliers.md promises; the rollback is not counted
 HEALTH_WINDOW_S = 30
 LEGACY_PREVIOUS = "venv.previous"
+# Written at each switch: the version and folder the link pointed at before, for a rollout's
+# `rollback` (self_upgrade.py); removed once used.
+ROLLBACK_RECORD = ".rollback.json"
 # The installer (install.sh) takes the same lock with flock(1): never both at once.
 LOCK_NAME = ".upgrade.lock"
 
@@ -314,6 +318,42 @@ def _pin_next_keys(state_dir: Path, pinned: tuple[str, ...], next_keys: tuple[st
     print(f"upgrade: pinned the release's next key(s) {', '.join(added)} in {path}")
 
 
+def _record_rollback(prefix: Path, previous: Path) -> None:
+    if previous.name == LEGACY_PREVIOUS:
+        return  # a plain virtualenv cannot be linked to: only the manual rename gets it back
+    record = {"version": __version__, "path": str(previous)}
+    tmp = prefix / f"{ROLLBACK_RECORD}.tmp"
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, prefix / ROLLBACK_RECORD)
+
+
+def rollback(prefix: Path, version: str) -> Path:
+    """Point ``<prefix>/venv`` back at the version the last upgrade switched away from, if that
+    was ``version``; the folder it now points at. Raises UpgradeError with why not. The caller
+    restarts the agent (systemd, or self_upgrade's re-exec)."""
+    prefix = prefix.absolute()
+    with _upgrade_lock(prefix):
+        try:
+            record = json.loads((prefix / ROLLBACK_RECORD).read_text())
+            recorded, previous = str(record["version"]), Path(str(record["path"]))
+        except FileNotFoundError:
+            raise UpgradeError(
+                f"nothing to roll back to: no upgrade recorded under {prefix}"
+            ) from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UpgradeError(f"cannot read {prefix / ROLLBACK_RECORD}: {exc}") from None
+        if recorded != version:
+            raise UpgradeError(
+                f"the version before the last upgrade was {recorded}, not {version}: "
+                "not rolled back"
+            )
+        if not (previous / "bin" / "cloudgpu-agent").exists():
+            raise UpgradeError(f"version {version}'s folder {previous} is gone: not rolled back")
+        _point_link(prefix, previous)
+        (prefix / ROLLBACK_RECORD).unlink()
+        return previous
+
+
 def upgrade(
     prefix: Path,
     state_dir: Path,
@@ -325,6 +365,7 @@ def upgrade(
     deadline_s: float = DEADLINE_S,
     health_window_s: float = HEALTH_WINDOW_S,
     release_keys: tuple[str, ...] = (),
+    expect_version: str | None = None,
 ) -> int:
     # Checked before anything is downloaded or changed, not at the restart.
     if not no_systemd and (why := systemd_problem()) is not None:
@@ -344,6 +385,12 @@ def upgrade(
     with _upgrade_lock(prefix):
         print(f"upgrade: reading {release_url}")
         release = fetch_release(release_url, deadline)
+        if expect_version is not None and release.version != expect_version:
+            # A rollout's version, and the hub has moved on to another since it started.
+            raise UpgradeError(
+                f"the hub serves version {release.version}, not the rollout's {expect_version}; "
+                "nothing was changed"
+            )
         if release.version == __version__ and not force:
             print(f"upgrade: already at version {__version__}; nothing to do (--force reinstalls)")
             return 0
@@ -376,11 +423,14 @@ def upgrade(
                     f"{exc}\nrolled back: removed {target}; {link} still runs {__version__}"
                 ) from None
         previous = _swap(prefix, target)
+        _record_rollback(prefix, previous)
         print(f"upgrade: {link} -> {target}")
         if no_systemd:
             _say_who_restarts(state_dir, link, release.version)
         elif (why := _restart_and_watch(release.version, health_window_s, deadline)) is not None:
             _swap_back(prefix, previous, target)
+            with contextlib.suppress(FileNotFoundError):
+                (prefix / ROLLBACK_RECORD).unlink()
             back = _run(["systemctl", "restart", SERVICE], SYSTEMCTL_TIMEOUT_S)
             restarted = "restarted it" if back.returncode == 0 else "could NOT restart it"
             raise UpgradeError(

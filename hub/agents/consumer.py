@@ -31,6 +31,7 @@ from hub.leases import services as lease_services
 from hub.lib import group_commit, local_channels, metrics, tokens
 from hub.lib.compat_channels import dispatch_without_db_cleanup
 from hub.lib.compat_daphne import client_left
+from hub.rollouts import services as rollout_services
 from hub.suppliers.services import record_rtt
 from hub.tunnels import services as tunnel_services
 from hub.volumes import services as volume_services
@@ -54,6 +55,7 @@ from supplier_agent.protocol import (
     Register,
     TunnelState,
     UnsupportedVersion,
+    UpgradeStatus,
     VolumeReport,
     Welcome,
     encode,
@@ -359,6 +361,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await in_db_thread(volume_services.apply_report)(self.host_id, message)
         elif isinstance(message, GpuHealthReport):
             await self._gpu_health(message)
+        elif isinstance(message, UpgradeStatus):
+            await in_db_thread(rollout_services.record_status)(self.host_id, message)
         elif isinstance(message, Pong):
             await self._pong(message)
         elif isinstance(message, Error):

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.conf import settings
 
-from hub.installer.services import AgentWheelError, build_agent_wheel
+from hub.installer.services import AgentWheelError, agent_version, build_agent_wheel
 from supplier_agent import release_signing
 
 MAX_RELEASE_BYTES = 64 * 1024
@@ -45,6 +45,16 @@ def current() -> Release:
         signature = release_signing.sign(key, wheel.version, wheel.filename, wheel.sha256, [])
         description |= {"next_keys": [], "signatures": [signature]}
     return Release(description, wheel.path)
+
+
+def served_version() -> str:
+    """The version ``current()`` serves, without building a wheel: a rollout's target."""
+    if settings.AGENT_RELEASE_DIR:
+        return str(_from_folder(Path(settings.AGENT_RELEASE_DIR)).description["version"])
+    try:
+        return agent_version()
+    except AgentWheelError as exc:
+        raise ReleaseError(str(exc)) from exc
 
 
 @lru_cache(maxsize=4)
