@@ -12,7 +12,6 @@ import hashlib
 import http.server
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -26,24 +25,21 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from supplier_agent import __version__, release_signing
 from supplier_agent.config import read_file
-from tests.support.agents import agent_env, configure, new_token, running_agent
+from tests.support.agent_wheels import (
+    PIP_TIMEOUT_S,
+    Wheel,
+    build_wheel,
+    download_wheelhouse,
+    install_venv,
+    pip_env,
+)
+from tests.support.agent_wheels import run as _run
+from tests.support.agents import configure, new_token, running_agent
 from tests.support.hub_peer import HubPeer
-from tests.support.processes import REPO_ROOT
 
 GOOD_VERSION = "99.0.0"
 BROKEN_VERSION = "99.0.1"
-PIP_TIMEOUT_S = 600
 TRIAL_WINDOW_S = 2  # `upgrade --no-systemd --health-window`: the new version's `run --trial`
-
-
-@dataclass(frozen=True)
-class Wheel:
-    path: Path
-    version: str
-
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.path.read_bytes()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -55,81 +51,21 @@ class Build:
     old_venv: Path  # the current version, installed, shared by every test's prefix
 
 
-def _run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        argv, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False, **kwargs
-    )
-    assert result.returncode == 0, f"{argv}: {result.stderr}"
-    return result
-
-
 def _build_wheel(work: Path, out: Path, version: str, *, break_smoke: bool = False) -> Wheel:
-    """Build the agent wheel from a copy of the repository with ``__version__`` replaced."""
-    source = work / f"src-{version}"
-    shutil.copytree(
-        REPO_ROOT / "supplier_agent",
-        source / "supplier_agent",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(REPO_ROOT / name, source / name)
-    init = source / "supplier_agent" / "__init__.py"
-    text = init.read_text()
-    assert f'__version__ = "{__version__}"' in text
-    init.write_text(text.replace(f'__version__ = "{__version__}"', f'__version__ = "{version}"'))
-    if break_smoke:
-        smoke = source / "supplier_agent" / "smoke.py"
+    def broken_smoke(package: Path) -> None:
+        smoke = package / "smoke.py"
         smoke.write_text(smoke.read_text() + '\nraise RuntimeError("deliberately broken")\n')
-    out.mkdir(exist_ok=True)
-    before = set(out.iterdir())
-    _run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(out),
-            str(source),
-        ]
-    )
-    (path,) = set(out.iterdir()) - before
-    return Wheel(path, version)
 
-
-def _pip_env(wheelhouse: Path) -> dict[str, str]:
-    return agent_env(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheelhouse))
+    return build_wheel(work, out, version, edit=broken_smoke if break_smoke else None)
 
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
     work = tmp_path_factory.mktemp("upgrade-build")
-    wheelhouse = work / "wheelhouse"
-    _run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--disable-pip-version-check",
-            "-r",
-            str(REPO_ROOT / "requirements" / "agent.txt"),
-            "-d",
-            str(wheelhouse),
-        ]
-    )
+    wheelhouse = download_wheelhouse(work / "wheelhouse")
     wheels = work / "wheels"
     current = _build_wheel(work, wheels, __version__)
-    old_venv = work / "venvs" / __version__
-    _run([sys.executable, "-m", "venv", str(old_venv)])
-    _run(
-        [str(old_venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(current.path)],
-        env=_pip_env(wheelhouse),
-    )
+    old_venv = install_venv(work / "venvs" / __version__, current, wheelhouse)
     return Build(
         wheelhouse=wheelhouse,
         current=current,
@@ -264,7 +200,7 @@ def site(tmp_path: Path, build: Build) -> Iterator[Site]:
     (tmp_path / "www").mkdir()
     with HubPeer(token) as hub, ReleaseServer(tmp_path / "www") as releases:
         assert configure(state, hub.url, token, "--runtime", "mock").returncode == 0
-        yield Site(prefix, state, hub, releases, _pip_env(build.wheelhouse))
+        yield Site(prefix, state, hub, releases, pip_env(build.wheelhouse))
 
 
 def test_upgrade_switches_the_venv_symlink_to_the_new_version(site: Site, build: Build) -> None:
