@@ -4,7 +4,6 @@ it, with real agents and a real hub, is tests/e2e/test_rollout.py."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from pathlib import Path
@@ -25,6 +24,7 @@ from supplier_agent.protocol import (
 )
 from supplier_agent.self_upgrade import SelfUpgrader, installation
 from supplier_agent.upgrade import ROLLBACK_RECORD, UpgradeError, rollback
+from tests.support.loops import run_on_own_loop
 
 ROLLOUT = "6f1c1c3e-1b1a-4f0e-9a51-2c3c1c1c1c1c"
 
@@ -124,7 +124,7 @@ def _answers(message: Upgrade | Rollback, tmp_path: Path) -> list[Message]:
     config = AgentConfig(hub_url="http://127.0.0.1:1", token="t", state_dir=tmp_path)
     upgrader = SelfUpgrader(config, sent.append, lambda argv: sent.append(argv))  # type: ignore[arg-type]
     method = upgrader.upgrade if isinstance(message, Upgrade) else upgrader.rollback
-    asyncio.run(method(message))  # type: ignore[arg-type]
+    run_on_own_loop(method(message))  # type: ignore[arg-type]
     return sent
 
 
