@@ -547,8 +547,14 @@ ROLLOUT_HOST_TIMEOUT_S = env_int("ROLLOUT_HOST_TIMEOUT_S", 900)
 ROLLOUT_OBSERVE_S = env_int("ROLLOUT_OBSERVE_S", 300)
 ROLLOUT_MAX_FAILURE_PERCENT = env_int("ROLLOUT_MAX_FAILURE_PERCENT", 10)
 ROLLOUT_FRESH_RENTAL_S = env_int("ROLLOUT_FRESH_RENTAL_S", 600)
-if min(ROLLOUT_TICK_S, ROLLOUT_HOST_TIMEOUT_S) < 1 or ROLLOUT_OBSERVE_S < 0:
-    raise ImproperlyConfigured("ROLLOUT_TICK_S and ROLLOUT_HOST_TIMEOUT_S must be at least 1")
+# An upgraded host that reconnects this many times while watched is in a crash loop.
+ROLLOUT_CRASHLOOP_RESTARTS = env_int("ROLLOUT_CRASHLOOP_RESTARTS", 3)
+if min(ROLLOUT_TICK_S, ROLLOUT_HOST_TIMEOUT_S, ROLLOUT_CRASHLOOP_RESTARTS) < 1:
+    raise ImproperlyConfigured(
+        "ROLLOUT_TICK_S, ROLLOUT_HOST_TIMEOUT_S and ROLLOUT_CRASHLOOP_RESTARTS must be at least 1"
+    )
+if ROLLOUT_OBSERVE_S < 0:
+    raise ImproperlyConfigured("ROLLOUT_OBSERVE_S must be 0 or more")
 if not 0 <= ROLLOUT_MAX_FAILURE_PERCENT <= 100:
     raise ImproperlyConfigured("ROLLOUT_MAX_FAILURE_PERCENT must be between 0 and 100")
 CELERY_BEAT_SCHEDULE["advance-rollouts"] = {

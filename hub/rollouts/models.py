@@ -72,6 +72,11 @@ class RolloutHost(models.Model):
     sent_at = models.DateTimeField(null=True, blank=True)
     upgraded_at = models.DateTimeField(null=True, blank=True)
     detail = models.TextField(blank=True)
+    # While watched: the socket it was last seen on, and how many new ones it came back on
+    # since (each restart of the agent is a new connection): a crash loop shows here before
+    # the offline sweep would see it, if ever (a quick restart beats the offline deadline).
+    channel = models.CharField(max_length=200, blank=True)
+    restarts = models.PositiveIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

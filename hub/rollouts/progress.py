@@ -3,7 +3,8 @@
 Each tick, for the rollout under way:
 
 1. What happened: a host told to upgrade that now registers at the version is ``upgraded``
-   (then watched ROLLOUT_OBSERVE_S: going offline in that time fails it); one that has not
+   (then watched ROLLOUT_OBSERVE_S: going offline, or coming back on a new connection
+   ROLLOUT_CRASHLOOP_RESTARTS times, in that time fails it); one that has not
    within ROLLOUT_HOST_TIMEOUT_S has ``failed``; one rolling back that registers at its old
    version is ``rolled_back``.
 2. The verdict on the wave under way (unless an admin accepted it by resuming): if the share
@@ -105,7 +106,7 @@ def _observe(rollout: Rollout, now: datetime) -> None:
         version = row.host.agent_version
         if row.state == State.SENT and version == rollout.version:
             row.state, row.upgraded_at = State.UPGRADED, now
-            row.detail = f"runs {version}"
+            row.detail, row.channel = f"runs {version}", row.host.channel_name
         elif row.state == State.SENT and row.sent_at is not None and now - row.sent_at > timeout:
             row.state = State.FAILED
             row.detail = (
@@ -114,17 +115,29 @@ def _observe(rollout: Rollout, now: datetime) -> None:
             )
         elif row.state == State.UPGRADED and row in watched:
             at = went_offline.get(row.host_id)
-            if at is None or at < row.upgraded_at:
+            channel = row.host.channel_name
+            if at is not None and at >= row.upgraded_at:
+                row.state = State.FAILED
+                seconds = int((at - row.upgraded_at).total_seconds())
+                row.detail = f"lost its heartbeats {seconds} s after it came back at {version}"
+            elif channel and channel != row.channel:
+                row.channel, row.restarts = channel, row.restarts + 1
+                if row.restarts >= settings.ROLLOUT_CRASHLOOP_RESTARTS:
+                    row.state = State.FAILED
+                    seconds = int((now - row.upgraded_at).total_seconds())
+                    row.detail = (
+                        f"restarted {row.restarts} times in {seconds} s at {version} (a crash loop)"
+                    )
+            else:
                 continue
-            row.state = State.FAILED
-            seconds = int((at - row.upgraded_at).total_seconds())
-            row.detail = f"lost its heartbeats {seconds} s after it came back at {version}"
         elif row.state == State.ROLLING_BACK and version == row.from_version:
             row.state = State.ROLLED_BACK
             row.detail = f"back at {version}"
         else:
             continue
-        row.save(update_fields=["state", "upgraded_at", "detail", "updated_at"])
+        row.save(
+            update_fields=["state", "upgraded_at", "detail", "channel", "restarts", "updated_at"]
+        )
 
 
 def _wave_rows(rollout: Rollout) -> list[RolloutHost]:

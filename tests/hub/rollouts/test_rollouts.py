@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.test import override_settings
 from django.utils import timezone
 
 from hub.leases.models import Lease
@@ -336,3 +337,29 @@ def test_a_host_that_never_comes_back_fails_after_the_timeout(
     assert "did not come back at 0.4.0 within 300 s" in row.detail
     rollout.refresh_from_db()
     assert rollout.state == Rollout.State.PAUSED
+
+
+@override_settings(ROLLOUT_CRASHLOOP_RESTARTS=3)
+def test_a_host_that_keeps_coming_back_on_new_connections_is_a_crash_loop(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    _hosts(10)
+    rollout = services.create([10, 100], pause_s=0)
+    now = timezone.now()
+    _advance(django_capture_on_commit_callbacks, now)
+    (row,) = _rows(rollout, wave=1)
+    _come_back([row])
+    _advance(django_capture_on_commit_callbacks, now + timedelta(seconds=1))
+    # Restarts quicker than the offline deadline: never offline, a new socket each time (and
+    # once, between two, no socket at all: that is not a restart of its own).
+    for n, channel in enumerate(["", "specific.b", "specific.c", "specific.d"], start=2):
+        Host.objects.filter(pk=row.host_id).update(channel_name=channel)
+        _advance(django_capture_on_commit_callbacks, now + timedelta(seconds=n))
+        if n < 5:
+            assert _rows(rollout, pk=row.pk)[0].state == State.UPGRADED
+    row.refresh_from_db()
+    assert row.detail == "restarted 3 times in 4 s at 0.4.0 (a crash loop)"
+    rollout.refresh_from_db()
+    assert rollout.state == Rollout.State.PAUSED
+    assert "a crash loop" in rollout.reason
+    assert row.state == State.ROLLING_BACK  # it runs the version: it goes back
