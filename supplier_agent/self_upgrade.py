@@ -17,8 +17,10 @@ stopped mid-upgrade, and a pipe with no reader would kill the upgrade at its nex
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -172,7 +174,9 @@ class SelfUpgrader:
         try:
             code = await asyncio.wait_for(process.wait(), UPGRADE_TIMEOUT_S)
         except asyncio.TimeoutError:
-            process.kill()
+            # Its own session: the group is the upgrade and whatever it runs (pip, a trial).
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
             await process.wait()
             code = -1
         if code != 0:
