@@ -535,6 +535,14 @@ AGENT_DIST_DIR = Path(env_str("AGENT_DIST_DIR") or BASE_DIR / ".state" / "agent-
 AGENT_RELEASE_DIR = env_str("AGENT_RELEASE_DIR")
 AGENT_RELEASE_SIGNING_KEY_FILE = env_str("AGENT_RELEASE_SIGNING_KEY_FILE")
 AGENT_RELEASE_PUBLIC_KEYS = env_list("AGENT_RELEASE_PUBLIC_KEYS")
+# Offers filter on each host's uptime over 7 days as of the last refresh, this often
+# (hub/catalog/uptime.py).
+UPTIME_REFRESH_S = env_int("UPTIME_REFRESH_S", 300)
+CELERY_BEAT_SCHEDULE["refresh-uptimes"] = {
+    "task": "catalog.refresh_uptimes",
+    "schedule": float(UPTIME_REFRESH_S),
+    "options": {"expires": float(UPTIME_REFRESH_S)},
+}
 # Staged rollouts of the served release (hub/rollouts, docs/operators.md "Rolling out an agent
 # release"). Every ROLLOUT_TICK_S the beat advances the running rollout. A host told to upgrade
 # has ROLLOUT_HOST_TIMEOUT_S to come back at the version; it is then watched for

@@ -22,6 +22,7 @@ from hub.agents.stats import pg_offline_after
 from hub.catalog.prepull import images_fitting
 from hub.leases.models import Lease
 from hub.leases.services import hosts_with_leases_to_reconcile, reconcile_claims
+from hub.lib.versions import version_number
 from hub.suppliers import liveness, transitions
 from hub.suppliers.models import AgentToken, Gpu, Host
 from hub.suppliers.services import tell_old_socket
@@ -135,6 +136,7 @@ _HOST_FIELDS = [
     "disk_free_bytes",
     "driver_version",
     "cuda_version",
+    "cuda_key",
     "agent_version",
     "runtime",
     "last_seen_at",
@@ -154,6 +156,7 @@ def _apply(
     host.disk_free_bytes = message.disk_free_bytes
     host.driver_version = message.driver_version
     host.cuda_version = message.cuda_version
+    host.cuda_key = version_number(message.cuda_version)
     host.agent_version = message.agent_version
     host.runtime = message.runtime
     host.last_seen_at = now
@@ -174,6 +177,7 @@ _HOST_FIELD_TYPES = {
     "disk_free_bytes": "bigint",
     "driver_version": "text",
     "cuda_version": "text",
+    "cuda_key": "integer",
     "agent_version": "text",
     "runtime": "text",
     "last_seen_at": "timestamptz",

@@ -119,6 +119,10 @@ class ApiTokenCreatedSerializer(ApiTokenSerializer):
 # --- catalogue ----------------------------------------------------------------------------------
 
 
+OFFERS_PAGE_DEFAULT = 100
+OFFERS_PAGE_MAX = 1000
+
+
 class OfferQuerySerializer(serializers.Serializer):
     model = serializers.CharField(
         required=False, allow_blank=True, max_length=255, help_text="Part of the GPU's name."
@@ -153,8 +157,25 @@ class OfferQuerySerializer(serializers.Serializer):
         required=False,
         min_value=0,
         max_value=100,
-        help_text="The host online at least this share of the last 7 days, in percent.",
+        help_text="The host online at least this share of the last 7 days, in percent"
+        " (as of its last refresh, every few minutes).",
     )
+    num_gpus = serializers.IntegerField(
+        required=False,
+        default=1,
+        min_value=1,
+        max_value=MAX_GPUS_PER_LEASE,
+        help_text="Only hosts with at least this many of their GPUs free and passing every"
+        " filter, to rent together; `total_price_per_hour` is then this many at the GPU's price.",
+    )
+    limit = serializers.IntegerField(
+        required=False,
+        default=OFFERS_PAGE_DEFAULT,
+        min_value=1,
+        max_value=OFFERS_PAGE_MAX,
+        help_text='Offers per page. A `Link: <...>; rel="next"` header names the next page.',
+    )
+    offset = serializers.IntegerField(required=False, default=0, min_value=0, max_value=1_000_000)
 
 
 class OfferSerializer(serializers.Serializer):
@@ -192,6 +213,11 @@ class OfferSerializer(serializers.Serializer):
     disk_allowance = DiskWordsField(
         source="disk_allowance_bytes", help_text="The same in words, e.g. `50 GiB`."
     )
+    num_gpus = serializers.IntegerField(help_text="The `num_gpus` asked for (1 by default).")
+    total_price_per_hour_micros = serializers.IntegerField(
+        help_text="`num_gpus` GPUs at this price."
+    )
+    total_price_per_hour = FormattedMoneyField(source="total_price_per_hour_micros", cents=True)
 
 
 class TemplateSerializer(serializers.Serializer):

@@ -186,8 +186,18 @@ class OfferList(APIView):
                 max_rtt_ms=query.get("max_rtt_ms"),
                 min_uptime=query.get("min_uptime_pct", 0) / 100,
             ),
+            num_gpus=query["num_gpus"],
+            limit=query["limit"] + 1,  # one more: is there a next page?
+            offset=query["offset"],
         )
-        return Response(s.OfferSerializer(found, many=True).data)
+        response = Response(s.OfferSerializer(found[: query["limit"]], many=True).data)
+        if len(found) > query["limit"]:
+            following = request.query_params.copy()
+            following["offset"] = str(query["offset"] + query["limit"])
+            following["limit"] = str(query["limit"])
+            url = request.build_absolute_uri(f"{request.path}?{following.urlencode()}")
+            response["Link"] = f'<{url}>; rel="next"'
+        return response
 
 
 class TemplateList(APIView):

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 
-from django.db.models import Exists, OuterRef, Subquery
-from django.utils import timezone
+from django.db.models import Count, Exists, F, OuterRef, QuerySet, Window
 
+from hub.catalog.uptime import UPTIME_WINDOW, uptime
 from hub.leases.models import LeaseGpu
-from hub.lib.versions import is_older
-from hub.suppliers.models import Gpu, Host, HostTransition
+from hub.lib.versions import version_number
+from hub.suppliers.models import Gpu, Host
 
-UPTIME_WINDOW = timedelta(days=7)
+__all__ = ["UPTIME_WINDOW", "HostFilters", "Offer", "list_offers", "market_summary", "uptime"]
+
 SORTS = {
     "price": ("price_per_hour_micros", "pk"),
     "-price": ("-price_per_hour_micros", "pk"),
@@ -31,7 +31,7 @@ class Offer:
     vram_bytes: int
     price_per_hour_micros: int
     utilization_pct: int
-    uptime_7d: float  # 0..1: the host's share of the last 7 days online
+    uptime_7d: float  # 0..1: the host's share of the last 7 days online (hub/catalog/uptime.py)
     # What renters choose a host by: the supplier's name and short id, where it is, and what
     # its agent reports (empty or None: an older agent that does not measure it).
     host_name: str = ""
@@ -47,6 +47,12 @@ class Offer:
     # What a rental of this GPU may write on the host (the supplier's term), apart from how
     # much the host has free now (disk_free_bytes, shared by all its rentals).
     disk_allowance_bytes: int = 0
+    # Rented together on this host (the num_gpus filter): the total is this many at this price.
+    num_gpus: int = 1
+
+    @property
+    def total_price_per_hour_micros(self) -> int:
+        return self.price_per_hour_micros * self.num_gpus
 
     @property
     def host_label(self) -> str:
@@ -73,7 +79,10 @@ def available_gpus(
     max_price_micros: int | None = None,
     sort: str = "price",
     host: HostFilters | None = None,
-) -> list[Gpu]:
+    num_gpus: int = 1,
+) -> QuerySet[Gpu]:
+    """Every filter in SQL, so a page of a large market reads only that page (the cheapest
+    first through the gpu_offer_by_price index); evaluated by the caller, sliced."""
     leased = LeaseGpu.objects.filter(gpu=OuterRef("pk"), active=True)
     gpus = (
         Gpu.objects.select_related("host")
@@ -104,58 +113,16 @@ def available_gpus(
         gpus = gpus.filter(host__disk_free_bytes__gte=wanted.min_disk_bytes)
     if wanted.max_rtt_ms is not None:
         gpus = gpus.filter(host__rtt_ms__lte=wanted.max_rtt_ms)
-    found = list(gpus.order_by(*SORTS.get(sort, SORTS["price"])))
     if wanted.min_cuda:
-        # Versions compare as numbers ("12.10" is newer than "12.9"): in Python, not SQL.
-        found = [
-            g
-            for g in found
-            if g.host.cuda_version and not is_older(g.host.cuda_version, wanted.min_cuda)
-        ]
-    return found
-
-
-def uptime(host_ids: list[int], now: datetime | None = None) -> dict[int, float]:
-    """Each host's fraction of the window spent online, from its transition history."""
-    now = now or timezone.now()
-    start = now - UPTIME_WINDOW
-    before = HostTransition.objects.filter(host=OuterRef("pk"), at__lt=start).order_by("-at")
-    hosts = {
-        h.pk: h
-        for h in Host.objects.filter(pk__in=host_ids).annotate(
-            status_before=Subquery(before.values("to_status")[:1])
-        )
-    }
-    result: dict[int, float] = {}
-    history: dict[int, list[tuple[str, datetime]]] = {}
-    rows = (
-        HostTransition.objects.filter(host_id__in=host_ids, at__gte=start)
-        .order_by("host_id", "at")
-        .values_list("host_id", "to_status", "at")
-    )
-    for host_id, status, at in rows:
-        history.setdefault(host_id, []).append((status, at))
-    for host_id, host in hosts.items():
-        # Before its first transition the host did not exist for us: not counted as downtime.
-        begin = max(start, host.created_at)
-        if host.status_before is None and history.get(host_id):
-            begin = max(begin, history[host_id][0][1])
-        if begin >= now:
-            result[host_id] = 1.0 if host.status == Host.Status.ONLINE else 0.0
-            continue
-        status, online = host.status_before or Host.Status.OFFLINE, 0.0
-        cursor = begin
-        for to_status, at in history.get(host_id, []):
-            if at <= begin:
-                status = to_status
-                continue
-            if status == Host.Status.ONLINE:
-                online += (min(at, now) - cursor).total_seconds()
-            cursor, status = at, to_status
-        if status == Host.Status.ONLINE:
-            online += (now - cursor).total_seconds()
-        result[host_id] = max(0.0, min(1.0, online / (now - begin).total_seconds()))
-    return result
+        # As numbers ("12.10" is newer than "12.9"): Host.cuda_key, set at registration.
+        gpus = gpus.filter(host__cuda_key__gte=max(1, version_number(wanted.min_cuda)))
+    if wanted.min_uptime:
+        gpus = gpus.filter(host__uptime_7d__gte=wanted.min_uptime)
+    if num_gpus > 1:
+        # GPUs free together on one host: as many of the host's GPUs pass every filter.
+        together = Window(Count("pk"), partition_by=[F("host_id")])
+        gpus = gpus.annotate(free_on_host=together).filter(free_on_host__gte=num_gpus)
+    return gpus.order_by(*SORTS.get(sort, SORTS["price"]))
 
 
 def list_offers(
@@ -164,41 +131,53 @@ def list_offers(
     min_vram_bytes: int = 0,
     max_price_micros: int | None = None,
     sort: str = "price",
-    now: datetime | None = None,
     host: HostFilters | None = None,
+    num_gpus: int = 1,
+    limit: int | None = None,
+    offset: int = 0,
 ) -> list[Offer]:
+    """The offers in order, ``limit`` of them from ``offset`` (all without a limit: only for
+    small markets and tests; pages and the API always pass one)."""
     gpus = available_gpus(
         model=model,
         min_vram_bytes=min_vram_bytes,
         max_price_micros=max_price_micros,
         sort=sort,
         host=host,
+        num_gpus=num_gpus,
     )
-    uptimes = uptime(sorted({g.host_id for g in gpus}), now)
-    if host is not None and host.min_uptime:
-        gpus = [g for g in gpus if uptimes.get(g.host_id, 0.0) >= host.min_uptime]
-    return [
-        Offer(
-            gpu_id=g.pk,
-            host_id=g.host_id,
-            hostname=g.host.hostname,
-            gpu_index=g.index,
-            model=g.name,
-            vram_bytes=g.memory_total_bytes,
-            price_per_hour_micros=g.price_per_hour_micros,
-            utilization_pct=g.utilization_pct,
-            uptime_7d=round(uptimes.get(g.host_id, 0.0), 4),
-            host_name=g.host.display_name,
-            host_short_id=g.host.short_id,
-            location=g.host.location,
-            cpu_model=g.host.cpu_model,
-            cpu_count=g.host.cpu_count,
-            ram_bytes=g.host.ram_bytes,
-            disk_free_bytes=g.host.disk_free_bytes,
-            driver_version=g.host.driver_version,
-            cuda_version=g.host.cuda_version,
-            rtt_ms=g.host.rtt_ms,
-            disk_allowance_bytes=g.disk_allowance_bytes,
-        )
-        for g in gpus
-    ]
+    page = gpus[offset : offset + limit] if limit is not None else gpus[offset:]
+    return [_offer(g, num_gpus) for g in page]
+
+
+def market_summary() -> tuple[int, Offer | None]:
+    """How many GPUs are on offer, and the cheapest: two indexed queries, not the market."""
+    gpus = available_gpus()
+    cheapest = gpus.first()
+    return gpus.count(), None if cheapest is None else _offer(cheapest, 1)
+
+
+def _offer(g: Gpu, num_gpus: int) -> Offer:
+    return Offer(
+        gpu_id=g.pk,
+        host_id=g.host_id,
+        hostname=g.host.hostname,
+        gpu_index=g.index,
+        model=g.name,
+        vram_bytes=g.memory_total_bytes,
+        price_per_hour_micros=g.price_per_hour_micros,
+        utilization_pct=g.utilization_pct,
+        uptime_7d=round(g.host.uptime_7d, 4),
+        host_name=g.host.display_name,
+        host_short_id=g.host.short_id,
+        location=g.host.location,
+        cpu_model=g.host.cpu_model,
+        cpu_count=g.host.cpu_count,
+        ram_bytes=g.host.ram_bytes,
+        disk_free_bytes=g.host.disk_free_bytes,
+        driver_version=g.host.driver_version,
+        cuda_version=g.host.cuda_version,
+        rtt_ms=g.host.rtt_ms,
+        disk_allowance_bytes=g.disk_allowance_bytes,
+        num_gpus=num_gpus,
+    )

@@ -17,3 +17,13 @@ def version_key(version: str) -> tuple[int, ...]:
 
 def is_older(version: str, than: str) -> bool:
     return version_key(version) < version_key(than)
+
+
+def version_number(version: str) -> int:
+    """``major * 10000 + minor`` of a "12.4"-like version, for comparing in SQL (0: unknown).
+    Parts past 9999 are capped: no real CUDA or driver numbers get near."""
+    key = version_key(version)
+    if key == (-1,):
+        return 0
+    major, minor = key[0], key[1] if len(key) > 1 else 0
+    return min(major, 9999) * 10000 + min(minor, 9999)

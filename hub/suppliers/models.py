@@ -79,6 +79,11 @@ class Host(models.Model):
     # The hub's own measure of the agent's socket: the last ping-to-pong round trip.
     rtt_ms = models.PositiveIntegerField(null=True, blank=True)
     agent_version = models.CharField(max_length=64, blank=True)
+    # cuda_version as a number (hub/lib/versions.py version_number): offers filter on it in SQL.
+    cuda_key = models.IntegerField(default=0)
+    # The share of the last 7 days online, refreshed by the beat (hub/catalog/uptime.py) every
+    # UPTIME_REFRESH_S: offers filter and sort on it without reading every host's history.
+    uptime_7d = models.FloatField(default=1.0)
     runtime = models.CharField(max_length=16, default="docker")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OFFLINE)
     # No new leases while set; running ones are untouched.
@@ -163,6 +168,15 @@ class Gpu(models.Model):
             models.UniqueConstraint(fields=["host", "index"], name="gpu_unique_host_index")
         ]
         ordering = ["host_id", "index"]
+        indexes = [
+            # The offers query (hub/catalog/offers.py): the rentable GPUs by price, so the
+            # cheapest page is read in order instead of sorting the whole market.
+            models.Index(
+                fields=["price_per_hour_micros", "id"],
+                condition=models.Q(listed=True, priced=True, present=True),
+                name="gpu_offer_by_price",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"GPU {self.index} {self.name} on {self.host.label}"

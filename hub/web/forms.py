@@ -27,6 +27,7 @@ from hub.lib.gpu_select import GpuSelection, InvalidGpuSelection, parse_gpu_sele
 from hub.suppliers.models import Host
 from hub.volumes.models import Volume
 from hub.web import ratelimit
+from supplier_agent.protocol import MAX_GPUS_PER_LEASE
 
 GIB = 1 << 30
 MAX_KEEP_ALIVE_HOURS = 24 * 30
@@ -287,6 +288,10 @@ class OfferFilterForm(forms.Form):
     min_cuda = forms.RegexField(
         required=False, regex=r"^\d{1,3}(\.\d{1,3})?$", max_length=7, label="Min CUDA"
     )
+    num_gpus = forms.IntegerField(
+        required=False, min_value=1, max_value=MAX_GPUS_PER_LEASE, label="GPUs on one host"
+    )
+    page = forms.IntegerField(required=False, min_value=1, max_value=1000)
 
     def filters(self) -> dict[str, Any]:
         data = self.cleaned_data if self.is_valid() else {}
@@ -296,6 +301,7 @@ class OfferFilterForm(forms.Form):
             "min_vram_bytes": (data.get("min_vram_gib") or 0) * GIB,
             "max_price_micros": micros_from_units(max_price) if max_price is not None else None,
             "sort": data.get("sort") or "price",
+            "num_gpus": data.get("num_gpus") or 1,
             "host": HostFilters(
                 location=(data.get("location") or "").strip(),
                 min_cpus=data.get("min_cpus") or 0,

@@ -6,14 +6,10 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from hub.catalog.offers import list_offers
+from hub.catalog.offers import market_summary
 
 
 @require_GET
 def home(request: HttpRequest) -> HttpResponse:
-    offers = list_offers()
-    return render(
-        request,
-        "home.html",
-        {"offer_count": len(offers), "cheapest": offers[0] if offers else None},
-    )
+    count, cheapest = market_summary()
+    return render(request, "home.html", {"offer_count": count, "cheapest": cheapest})

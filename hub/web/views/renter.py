@@ -35,6 +35,8 @@ from hub.volumes.models import Volume
 from hub.web.forms import OfferFilterForm, RentForm, TopUpRequestForm
 from hub.web.views import benchmarks as benchmark_views
 
+OFFERS_PER_PAGE = 100
+
 
 def _is_htmx(request: HttpRequest) -> bool:
     return request.headers.get("HX-Request") == "true"
@@ -43,7 +45,20 @@ def _is_htmx(request: HttpRequest) -> bool:
 @require_GET
 def offers(request: HttpRequest) -> HttpResponse:
     form = OfferFilterForm(request.GET or None)
-    context = {"form": form, "offers": list_offers(**form.filters())}
+    page = (form.cleaned_data.get("page") if form.is_valid() else None) or 1
+    found = list_offers(
+        **form.filters(), limit=OFFERS_PER_PAGE + 1, offset=(page - 1) * OFFERS_PER_PAGE
+    )
+    query = request.GET.copy()
+    query.pop("page", None)
+    context = {
+        "form": form,
+        "offers": found[:OFFERS_PER_PAGE],
+        "page": page,
+        "next_page": page + 1 if len(found) > OFFERS_PER_PAGE else None,
+        "previous_page": page - 1 if page > 1 else None,
+        "query": query.urlencode(),
+    }
     if _is_htmx(request):
         return render(request, "web/partials/offers_table.html", context)
     return render(request, "web/offers.html", context)

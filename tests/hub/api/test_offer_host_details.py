@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 
 from hub.accounts.models import User
 from hub.agents import registration
+from hub.catalog.uptime import refresh_uptimes
 from hub.suppliers import services as supplier_services
 from hub.suppliers.models import Host
 from supplier_agent.protocol import ProtocolError, Register, encode, parse_message
@@ -118,6 +119,8 @@ def test_offers_filter_on_the_measured_uptime(api: APIClient, hosts: tuple[Host,
         dataclasses.replace(f.register_message(str(small.agent_id)), cpu_count=8),
         "",
     )
+    # Offers read each host's uptime as the beat last wrote it (hub/catalog/uptime.py).
+    assert refresh_uptimes() >= 1
     assert set(_offer_hosts(api, "?min_uptime_pct=0")) == {small.pk, big.pk}
     offers = {o["host_id"]: o["uptime_7d"] for o in api.get("/api/v1/offers/").json()}
     assert offers[big.pk] == 1.0
