@@ -557,9 +557,15 @@ ROLLOUT_MAX_FAILURE_PERCENT = env_int("ROLLOUT_MAX_FAILURE_PERCENT", 10)
 ROLLOUT_FRESH_RENTAL_S = env_int("ROLLOUT_FRESH_RENTAL_S", 600)
 # An upgraded host that reconnects this many times while watched is in a crash loop.
 ROLLOUT_CRASHLOOP_RESTARTS = env_int("ROLLOUT_CRASHLOOP_RESTARTS", 3)
-if min(ROLLOUT_TICK_S, ROLLOUT_HOST_TIMEOUT_S, ROLLOUT_CRASHLOOP_RESTARTS) < 1:
+# Upgrades told per tick at most: thousands of agents do not fetch the wheel in one second.
+ROLLOUT_SEND_PER_TICK = env_int("ROLLOUT_SEND_PER_TICK", 200)
+if (
+    min(ROLLOUT_TICK_S, ROLLOUT_HOST_TIMEOUT_S, ROLLOUT_CRASHLOOP_RESTARTS, ROLLOUT_SEND_PER_TICK)
+    < 1
+):
     raise ImproperlyConfigured(
-        "ROLLOUT_TICK_S, ROLLOUT_HOST_TIMEOUT_S and ROLLOUT_CRASHLOOP_RESTARTS must be at least 1"
+        "ROLLOUT_TICK_S, ROLLOUT_HOST_TIMEOUT_S, ROLLOUT_CRASHLOOP_RESTARTS and "
+        "ROLLOUT_SEND_PER_TICK must be at least 1"
     )
 if ROLLOUT_OBSERVE_S < 0:
     raise ImproperlyConfigured("ROLLOUT_OBSERVE_S must be 0 or more")

@@ -33,7 +33,7 @@ def _version(value: Any, where: str) -> str:
 @dataclass(frozen=True)
 class Upgrade(Message):
     """Install ``version``, the release the hub serves now, as ``cloudgpu-agent upgrade``
-    would (refused if the hub serves another by the time the agent asks)."""
+    would (``failed``, nothing changed, if the hub serves another by the time it asks)."""
 
     TYPE: ClassVar[str] = "upgrade"
     rollout_id: str

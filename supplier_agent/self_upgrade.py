@@ -21,7 +21,9 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,7 @@ LOG_NAME = "upgrade.log"
 # The upgrade's own promise (upgrade.DEADLINE_S) plus its health window and a margin.
 UPGRADE_TIMEOUT_S = 900
 TAIL_LINES = 12
+WAIT_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,24 @@ def health_window_s(environ: dict[str, str] | None = None) -> float:
         return max(1.0, float(env.get("CLOUDGPU_ROLLOUT_HEALTH_WINDOW_S", "30")))
     except ValueError:
         return 30.0
+
+
+def _spawn(argv: list[str], fd: int) -> subprocess.Popen[bytes]:
+    """In its own session, output to ``fd``: a fork and exec, quick enough for the loop."""
+    return subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True
+    )
+
+
+async def _wait(process: subprocess.Popen[bytes], timeout_s: float) -> int | None:
+    """The exit code, polled (no child watcher, no thread that would hold up a shutdown);
+    None past the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while (code := process.poll()) is None:
+        if time.monotonic() > deadline:
+            return None
+        await asyncio.sleep(WAIT_POLL_S)
+    return code
 
 
 def _tail(path: Path) -> str:
@@ -121,7 +142,7 @@ class SelfUpgrader:
 
     def _restart_into(self, found: Installation) -> None:
         if found.systemd:
-            # Detached: the restart stops this process, and with it anything in its session.
+            # Not waited for: the restart stops this process (KillMode=process spares it).
             argv = ["systemctl", "restart", "cloudgpu-agent"]
             os.spawnvp(os.P_NOWAIT, argv[0], argv)  # noqa: S606
         else:
@@ -159,25 +180,21 @@ class SelfUpgrader:
         self._status(message, "started")
         fd = os.open(logfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         try:
-            process = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=fd,
-                stderr=fd,
-                start_new_session=True,
-            )
+            # subprocess, not asyncio's: when this agent stops (the upgrade restarts the unit),
+            # asyncio kills the children of its transports at loop close, and this one must
+            # live on to watch the new version and swap back. A Popen left behind kills nothing.
+            process = _spawn(argv, fd)
         except OSError as exc:
             self._status(message, "failed", f"cannot run {argv[0]}: {exc}")
             return
         finally:
             os.close(fd)
-        try:
-            code = await asyncio.wait_for(process.wait(), UPGRADE_TIMEOUT_S)
-        except asyncio.TimeoutError:
+        code = await _wait(process, UPGRADE_TIMEOUT_S)
+        if code is None:
             # Its own session: the group is the upgrade and whatever it runs (pip, a trial).
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
+            process.wait()
             code = -1
         if code != 0:
             self._status(message, "failed", _tail(logfile))

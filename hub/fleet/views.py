@@ -7,6 +7,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.views.decorators import staff_member_required
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
@@ -39,6 +40,9 @@ def fleet(request: HttpRequest) -> HttpResponse:
 @staff_member_required
 @require_POST
 def rollout_create(request: HttpRequest) -> HttpResponse:
+    # Staff see the fleet; moving all of it takes the permission to add rollouts.
+    if not request.user.has_perm("rollouts.add_rollout"):
+        raise PermissionDenied("starting a rollout takes the permission to add rollouts")
     form = request.POST
     try:
         pause_s = int(form.get("pause_s") or 600)
@@ -73,6 +77,8 @@ ACTIONS: dict[str, Any] = {
 def rollout_action(request: HttpRequest, rollout_id: Any, action: str) -> HttpResponse:
     if action not in ACTIONS:
         raise Http404("no such action")
+    if not request.user.has_perm("rollouts.change_rollout"):
+        raise PermissionDenied("steering a rollout takes the permission to change rollouts")
     try:
         rollout = ACTIONS[action](rollout_id, request.user)
     except rollouts.RolloutError as exc:

@@ -11,14 +11,22 @@ from django.http import HttpRequest
 from hub.rollouts.models import Rollout, RolloutHost
 
 
-class RolloutHostInline(admin.TabularInline):
-    model = RolloutHost
-    fields = ("host", "wave", "state", "from_version", "sent_at", "upgraded_at", "detail")
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-    max_num = 0
-    show_change_link = False
+@admin.register(RolloutHost)
+class RolloutHostAdmin(admin.ModelAdmin):
+    """Each host's record in a rollout: filter by rollout and state (thousands per rollout,
+    so a list with pages, not an inline on the rollout)."""
+
+    list_display = ("host", "rollout", "wave", "state", "from_version", "updated_at", "detail")
+    list_filter = ("state", "rollout")
+    list_select_related = ("host", "rollout")
+    search_fields = ("host__hostname", "host__name", "detail")
+    list_per_page = 100
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(Rollout)
@@ -36,12 +44,12 @@ class RolloutAdmin(admin.ModelAdmin):
         "wave",
         "wave_started_at",
         "next_wave_at",
+        "self_paused",
         "accepted_wave",
         "created_by",
         "created_at",
         "finished_at",
     )
-    inlines = [RolloutHostInline]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # from the fleet page, which checks the served release

@@ -35,6 +35,8 @@ class Rollout(models.Model):
     wave_started_at = models.DateTimeField(null=True, blank=True)
     # Set once the wave under way has settled healthy: the next one starts then.
     next_wave_at = models.DateTimeField(null=True, blank=True)
+    # Paused by the verdict (not by an admin): resuming accepts that wave's failures.
+    self_paused = models.BooleanField(default=False)
     # A wave whose failures an admin accepted by resuming: not judged again.
     accepted_wave = models.PositiveSmallIntegerField(default=0)
     created_by = models.ForeignKey(

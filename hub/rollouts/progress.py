@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from hub.leases.models import Lease
@@ -42,23 +43,23 @@ TRIED_STATES = (State.SENT, State.UPGRADED, *FAILED_STATES)
 
 def advance(now: datetime | None = None) -> None:
     now = now or timezone.now()
+    # The latest rollout only: an older one's latecomers are not told an older version.
+    latest = Rollout.objects.order_by("-created_at").values_list("pk", flat=True).first()
+    if latest is None:
+        return
     with transaction.atomic():
-        # One tick at a time (a slow one and the next beat): the other skips.
-        rollout = (
-            Rollout.objects.select_for_update(skip_locked=True)
-            .exclude(state=Rollout.State.ABORTED)
-            .order_by("-created_at")
-            .first()
-        )
+        # One tick at a time (a slow one and the next beat), and never under an admin's
+        # pause or resume: whoever holds the row, this tick skips.
+        rollout = Rollout.objects.select_for_update(skip_locked=True).filter(pk=latest).first()
         if rollout is None:
             return
         _observe(rollout, now)
         if rollout.state == Rollout.State.RUNNING:
             _run(rollout, now)
-        elif rollout.state == Rollout.State.PAUSED:
-            _send_rollbacks(rollout, now)
         elif rollout.state == Rollout.State.DONE:
             _send_pending(rollout, rollout.waves, now)  # latecomers join
+        # In every state, aborted too: a host told to roll back is told until it has.
+        _send_rollbacks(rollout, now)
 
 
 def _run(rollout: Rollout, now: datetime) -> None:
@@ -86,58 +87,96 @@ def _start_wave(rollout: Rollout, wave: int, now: datetime) -> None:
     log.info("rollout of %s: wave %d of %d starts", rollout.version, wave, rollout.waves)
 
 
+TOLD = "told to upgrade"
+
+
 def _observe(rollout: Rollout, now: datetime) -> None:
+    observe_from = now - timedelta(seconds=settings.ROLLOUT_OBSERVE_S)
     rows = list(
         RolloutHost.objects.select_related("host").filter(
-            rollout=rollout, state__in=(State.SENT, State.UPGRADED, State.ROLLING_BACK)
+            Q(state__in=(State.SENT, State.ROLLING_BACK))
+            | Q(state=State.UPGRADED, upgraded_at__gt=observe_from),
+            rollout=rollout,
         )
     )
     timeout = timedelta(seconds=settings.ROLLOUT_HOST_TIMEOUT_S)
-    observe_from = now - timedelta(seconds=settings.ROLLOUT_OBSERVE_S)
-    watched = [r for r in rows if r.state == State.UPGRADED and r.upgraded_at > observe_from]
+    watched = {r.pk: r.upgraded_at for r in rows if r.state == State.UPGRADED}
     went_offline = dict(
         HostTransition.objects.filter(
-            host_id__in=[r.host_id for r in watched],
+            host_id__in=[r.host_id for r in rows if r.pk in watched],
             to_status=Host.Status.OFFLINE,
-            at__gte=min((r.upgraded_at for r in watched), default=now),
-        ).values_list("host_id", "at")
+            at__gte=min(watched.values(), default=now),
+        )
+        .values("host_id")
+        .annotate(last=Max("at"))
+        .values_list("host_id", "last")
     )
     for row in rows:
-        version = row.host.agent_version
-        if row.state == State.SENT and version == rollout.version:
-            row.state, row.upgraded_at = State.UPGRADED, now
-            row.detail, row.channel = f"runs {version}", row.host.channel_name
-        elif row.state == State.SENT and row.sent_at is not None and now - row.sent_at > timeout:
-            row.state = State.FAILED
-            row.detail = (
-                f"did not come back at {rollout.version} within "
-                f"{settings.ROLLOUT_HOST_TIMEOUT_S} s (it runs {version or 'nothing known'})"
-            )
-        elif row.state == State.UPGRADED and row in watched:
-            at = went_offline.get(row.host_id)
-            channel = row.host.channel_name
-            if at is not None and at >= row.upgraded_at:
-                row.state = State.FAILED
-                seconds = int((at - row.upgraded_at).total_seconds())
-                row.detail = f"lost its heartbeats {seconds} s after it came back at {version}"
-            elif channel and channel != row.channel:
-                row.channel, row.restarts = channel, row.restarts + 1
-                if row.restarts >= settings.ROLLOUT_CRASHLOOP_RESTARTS:
-                    row.state = State.FAILED
-                    seconds = int((now - row.upgraded_at).total_seconds())
-                    row.detail = (
-                        f"restarted {row.restarts} times in {seconds} s at {version} (a crash loop)"
-                    )
-            else:
-                continue
-        elif row.state == State.ROLLING_BACK and version == row.from_version:
-            row.state = State.ROLLED_BACK
-            row.detail = f"back at {version}"
-        else:
+        if not _observe_row(rollout, row, now, timeout, went_offline.get(row.host_id)):
             continue
         row.save(
-            update_fields=["state", "upgraded_at", "detail", "channel", "restarts", "updated_at"]
+            update_fields=[
+                *("state", "sent_at", "upgraded_at", "detail", "channel", "restarts"),
+                "updated_at",
+            ]
         )
+
+
+def _observe_row(
+    rollout: Rollout,
+    row: RolloutHost,
+    now: datetime,
+    timeout: timedelta,
+    offline_at: datetime | None,
+) -> bool:
+    """What became of one host; True if its row changed."""
+    version, channel = row.host.agent_version, row.host.channel_name
+    if row.state == State.SENT and version == rollout.version:
+        if rollout.self_paused and row.wave == rollout.wave:
+            # It got there after its wave was stopped: back it goes, like the others.
+            row.state, row.sent_at = State.ROLLING_BACK, None
+            row.detail = f"reached {version} after the wave was stopped: rolling back"
+        else:
+            row.state, row.upgraded_at = State.UPGRADED, now
+            row.detail, row.channel = f"runs {version}", channel
+    elif (
+        row.state == State.SENT
+        and row.detail == TOLD
+        and version == row.from_version
+        and channel
+        and channel != row.channel
+    ):
+        # It reconnected before saying anything: the frame went to a dead socket. Again.
+        row.state, row.detail = State.PENDING, "its connection changed before it answered"
+    elif row.state == State.SENT and row.sent_at is not None and now - row.sent_at > timeout:
+        row.state = State.FAILED
+        row.detail = (
+            f"did not come back at {rollout.version} within "
+            f"{settings.ROLLOUT_HOST_TIMEOUT_S} s (it runs {version or 'nothing known'})"
+        )
+    elif row.state == State.UPGRADED:
+        if offline_at is not None and offline_at >= row.upgraded_at:
+            row.state = State.FAILED
+            seconds = int((offline_at - row.upgraded_at).total_seconds())
+            row.detail = f"lost its heartbeats {seconds} s after it came back at {version}"
+        elif channel and channel != row.channel:
+            row.channel, row.restarts = channel, row.restarts + 1
+            if row.restarts >= settings.ROLLOUT_CRASHLOOP_RESTARTS:
+                row.state = State.FAILED
+                seconds = int((now - row.upgraded_at).total_seconds())
+                row.detail = (
+                    f"restarted {row.restarts} times in {seconds} s at {version} (a crash loop)"
+                )
+        else:
+            return False
+    elif row.state == State.ROLLING_BACK and version == row.from_version:
+        row.state = State.ROLLED_BACK
+        row.detail = f"back at {version}"
+    elif row.state == State.ROLLING_BACK and row.sent_at and now - row.sent_at > timeout:
+        row.sent_at = None  # told, and nothing since: tell it again
+    else:
+        return False
+    return True
 
 
 def _wave_rows(rollout: Rollout) -> list[RolloutHost]:
@@ -181,8 +220,8 @@ def _others_offline_rate(rollout: Rollout, since: datetime) -> float:
 
 
 def _stop_wave(rollout: Rollout, reason: str) -> None:
-    rollout.state, rollout.reason = Rollout.State.PAUSED, reason
-    rollout.save(update_fields=["state", "reason"])
+    rollout.state, rollout.reason, rollout.self_paused = Rollout.State.PAUSED, reason, True
+    rollout.save(update_fields=["state", "reason", "self_paused"])
     log.warning("rollout of %s paused: %s", rollout.version, reason)
     for row in _wave_rows(rollout):
         if row.host.agent_version != rollout.version or not row.from_version:
@@ -218,36 +257,51 @@ def _settled(rollout: Rollout, now: datetime) -> bool:
 
 
 def _send_pending(rollout: Rollout, upto_wave: int, now: datetime) -> None:
+    """Tell the started waves' online, idle hosts: ROLLOUT_SEND_PER_TICK at most a tick, so
+    a wave of thousands does not download the wheel from the hub all in one second."""
     rows = list(
-        RolloutHost.objects.select_related("host", "rollout").filter(
-            rollout=rollout, wave__lte=upto_wave, state=State.PENDING
+        RolloutHost.objects.select_related("host", "rollout")
+        .filter(
+            rollout=rollout,
+            wave__lte=upto_wave,
+            state=State.PENDING,
+            host__status=Host.Status.ONLINE,
         )
+        .exclude(host__channel_name="")
+        .order_by("wave", "pk")[: settings.ROLLOUT_SEND_PER_TICK]
     )
-    online = [r for r in rows if r.host.status == Host.Status.ONLINE and r.host.channel_name]
-    if not online:
+    if not rows:
         return
     busy: set[int] = set()
     if not rollout.force:
         fresh = now - timedelta(seconds=settings.ROLLOUT_FRESH_RENTAL_S)
         busy = set(
             Lease.objects.filter(
-                host_id__in=[r.host_id for r in online],
+                host_id__in=[r.host_id for r in rows],
                 state__in=Lease.ACTIVE_STATES,
                 created_at__gt=fresh,
             ).values_list("host_id", flat=True)
         )
-    for row in online:
+    for row in rows:
         if row.host_id in busy:
-            if row.detail != "waiting: a rental started on it minutes ago":
-                row.detail = "waiting: a rental started on it minutes ago"
+            if row.detail != WAITING:
+                row.detail = WAITING
                 row.save(update_fields=["detail", "updated_at"])
             continue
+        row.channel = row.host.channel_name
         if row.host.agent_version == rollout.version:
             row.state, row.upgraded_at = State.UPGRADED, now
             row.detail = f"runs {rollout.version} already"
         else:
-            row.state, row.sent_at = State.SENT, now
+            row.state, row.sent_at, row.detail = State.SENT, now, TOLD
             row.from_version = row.host.agent_version
-            row.detail = "told to upgrade"
             services.send_upgrade(row, row.host.channel_name)
-        row.save(update_fields=["state", "sent_at", "upgraded_at", "from_version", "detail"])
+        row.save(
+            update_fields=[
+                *("state", "sent_at", "upgraded_at", "from_version", "detail", "channel"),
+                "updated_at",
+            ]
+        )
+
+
+WAITING = "waiting: a rental started on it minutes ago"

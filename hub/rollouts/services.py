@@ -58,7 +58,8 @@ def find_hosts(text: str) -> list[Host]:
     """Hosts named by id or short id ("3fa9c1"), comma- or space-separated."""
     hosts: list[Host] = []
     for word in text.replace(",", " ").split():
-        query = Host.objects.filter(pk=int(word)) if word.isdigit() else Host.objects.none()
+        numeric = word.isascii() and word.isdecimal() and len(word) <= 18
+        query = Host.objects.filter(pk=int(word)) if numeric else Host.objects.none()
         found = list(query) or [
             h for h in Host.objects.filter(agent_id__startswith=word.lower()[:8]) if word
         ]
@@ -130,6 +131,10 @@ def create(
             key=lambda h: _order_key(rollout.pk, h.agent_id),
         )
         rows += [_row(rollout, h, 1) for h in first]
+        if not first and rollout.named_first:
+            # The named hosts run it already (or cannot take part): no wave of their own.
+            rollout.named_first = False
+            rollout.save(update_fields=["named_first"])
         offset, start = 0, 2 if first else 1
         for wave, size in enumerate(_wave_sizes(len(rest), percents), start=start):
             rows += [_row(rollout, h, wave) for h in rest[offset : offset + size]]
@@ -167,18 +172,24 @@ def _transition(rollout_id: Any, allowed: tuple[str, ...], **changes: Any) -> Ro
 
 def pause(rollout_id: Any, reason: str) -> Rollout:
     return _transition(
-        rollout_id, (Rollout.State.RUNNING,), state=Rollout.State.PAUSED, reason=reason
+        rollout_id,
+        (Rollout.State.RUNNING,),
+        state=Rollout.State.PAUSED,
+        reason=reason,
+        self_paused=False,
     )
 
 
 def resume(rollout_id: Any) -> Rollout:
-    """Go on; the failures of the wave it stopped at are accepted, not judged again."""
+    """Go on. After the verdict stopped it, that wave's failures are accepted, not judged
+    again; after an admin's pause, the wave is judged as before."""
     return _transition(
         rollout_id,
         (Rollout.State.PAUSED,),
         state=Rollout.State.RUNNING,
         reason="",
-        accepted_wave=lambda r: r.wave,
+        accepted_wave=lambda r: r.wave if r.self_paused else r.accepted_wave,
+        self_paused=False,
     )
 
 
@@ -225,7 +236,8 @@ def record_status(host_id: int, message: UpgradeStatus) -> None:
             row.state = State.LEFT_BEHIND
         elif message.state == "rolled_back" and row.state == State.ROLLING_BACK:
             row.state = State.ROLLED_BACK
-        elif message.state == "failed" and row.state == State.ROLLING_BACK:
-            detail = f"rollback failed: {detail}"
+        elif message.state in ("failed", "refused") and row.state == State.ROLLING_BACK:
+            # Settled: left on the release, for its supplier (and the admin) to look at.
+            row.state, detail = State.FAILED, f"rollback failed: {detail}"
         row.detail = detail[:2000]
         row.save(update_fields=["state", "detail", "updated_at"])

@@ -16,7 +16,7 @@ FLEET = "/admin/fleet/"
 
 @pytest.fixture
 def staff_client(client: Client) -> Client:
-    client.force_login(f.make_user("admin", is_staff=True))
+    client.force_login(f.make_user("admin", is_staff=True, is_superuser=True))
     return client
 
 
@@ -72,4 +72,14 @@ def test_only_staff_steer_rollouts(client: Client) -> None:
     client.force_login(f.make_user("renter"))
     response = client.post(f"{FLEET}rollouts/", {"waves": "100"})
     assert response.status_code == 302
+    assert not Rollout.objects.exists()
+
+
+def test_staff_without_the_rollout_permissions_see_it_but_cannot_steer_it(client: Client) -> None:
+    _host("0.3.0")
+    client.force_login(f.make_user("viewer", is_staff=True))
+    page = client.get(FLEET).content.decode()
+    assert "Agent rollout" in page
+    assert "Start rollout" not in page
+    assert client.post(f"{FLEET}rollouts/", {"waves": "100"}).status_code == 403
     assert not Rollout.objects.exists()

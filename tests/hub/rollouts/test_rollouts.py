@@ -363,3 +363,119 @@ def test_a_host_that_keeps_coming_back_on_new_connections_is_a_crash_loop(
     assert rollout.state == Rollout.State.PAUSED
     assert "a crash loop" in rollout.reason
     assert row.state == State.ROLLING_BACK  # it runs the version: it goes back
+
+
+def test_an_upgrade_told_to_a_dead_socket_is_told_again_on_the_new_one(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    (host,) = _hosts(1)
+    rollout = services.create([100], pause_s=0)
+    now = timezone.now()
+    _advance(django_capture_on_commit_callbacks, now)
+    assert _rows(rollout)[0].state == State.SENT
+    # The agent reconnected before it read the frame: a new socket, the old version, no word.
+    fresh = async_to_sync(get_channel_layer().new_channel)()
+    Host.objects.filter(pk=host.pk).update(channel_name=fresh)
+    _advance(django_capture_on_commit_callbacks, now + timedelta(seconds=1))
+    _advance(django_capture_on_commit_callbacks, now + timedelta(seconds=2))
+    row = _rows(rollout)[0]
+    assert row.state == State.SENT
+    assert row.channel == fresh
+    assert _received(fresh)["type"] == "upgrade"
+
+
+def test_a_host_of_a_stopped_wave_that_gets_there_late_is_rolled_back_too(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    _hosts(10)
+    rollout = services.create([20, 100], pause_s=0)
+    now = timezone.now()
+    _advance(django_capture_on_commit_callbacks, now)
+    failing, slow = _rows(rollout, wave=1)
+    services.record_status(
+        failing.host_id,
+        UpgradeStatus(rollout_id=str(rollout.pk), version=TARGET, state="failed", detail="x"),
+    )
+    _advance(django_capture_on_commit_callbacks, now + timedelta(seconds=1))
+    assert Rollout.objects.get(pk=rollout.pk).state == Rollout.State.PAUSED
+    assert _received(slow.host.channel_name)["type"] == "upgrade"
+    _come_back([slow])  # its upgrade was already under way
+    _advance(django_capture_on_commit_callbacks, now + timedelta(seconds=2))
+    assert _rows(rollout, pk=slow.pk)[0].state == State.ROLLING_BACK
+    assert _received(slow.host.channel_name)["type"] == "rollback"
+
+
+def test_resuming_an_admin_s_pause_does_not_excuse_the_wave(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    _hosts(10)
+    rollout = services.create([20, 100], pause_s=0)
+    now = timezone.now()
+    _advance(django_capture_on_commit_callbacks, now)
+    services.pause(rollout.pk, "paused by admin")
+    services.resume(rollout.pk)
+    first, _ = _rows(rollout, wave=1)
+    services.record_status(
+        first.host_id,
+        UpgradeStatus(rollout_id=str(rollout.pk), version=TARGET, state="failed", detail="x"),
+    )
+    _advance(django_capture_on_commit_callbacks, now + timedelta(seconds=1))
+    rollout.refresh_from_db()
+    assert rollout.state == Rollout.State.PAUSED
+    assert rollout.self_paused
+
+
+def test_a_rollback_that_fails_or_goes_unanswered_is_settled_or_told_again(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    _hosts(10)
+    rollout = services.create([20, 100], pause_s=0)
+    now = timezone.now()
+    _advance(django_capture_on_commit_callbacks, now)
+    first, second = _rows(rollout, wave=1)
+    _come_back([first, second])
+    _advance(django_capture_on_commit_callbacks, now + timedelta(seconds=1))
+    services.pause(rollout.pk, "admin")
+    with django_capture_on_commit_callbacks(execute=True):
+        progress._stop_wave(Rollout.objects.get(pk=rollout.pk), "wave 1: test")
+    for row in (first, second):
+        _received(row.host.channel_name)  # the upgrade
+        assert _received(row.host.channel_name)["type"] == "rollback"
+    services.record_status(
+        first.host_id,
+        UpgradeStatus(rollout_id=str(rollout.pk), version=OLD, state="failed", detail="lock held"),
+    )
+    row = _rows(rollout, pk=first.pk)[0]
+    assert row.state == State.FAILED
+    assert row.detail == "rollback failed: lock held"
+    # The other never answers: told again once the host timeout has passed.
+    _advance(django_capture_on_commit_callbacks, timezone.now() + timedelta(seconds=400))
+    _advance(django_capture_on_commit_callbacks, timezone.now() + timedelta(seconds=401))
+    assert _received(second.host.channel_name)["type"] == "rollback"
+
+
+def test_only_the_latest_rollout_moves_and_its_sends_are_capped_per_tick(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    (late,) = _hosts(1, online=False)
+    _hosts(5)
+    old = services.create([100], pause_s=0)
+    services.abort(old.pk)
+    newer = services.create([100], pause_s=0)
+    channel = async_to_sync(get_channel_layer().new_channel)()
+    Host.objects.filter(pk=late.pk).update(status=Host.Status.ONLINE, channel_name=channel)
+    with override_settings(ROLLOUT_SEND_PER_TICK=2):
+        _advance(django_capture_on_commit_callbacks)
+        assert len(_rows(newer, state=State.SENT)) == 2
+        _advance(django_capture_on_commit_callbacks)
+        assert len(_rows(newer, state=State.SENT)) == 4
+    assert {r.state for r in _rows(old)} == {State.PENDING}
+
+
+def test_named_hosts_that_need_nothing_make_no_wave_of_their_own() -> None:
+    (already,) = _hosts(1, version=TARGET)
+    _hosts(4)
+    rollout = services.create([50, 100], named=[already], pause_s=0)
+    assert not rollout.named_first
+    assert rollout.waves == 2
+    assert sorted({r.wave for r in _rows(rollout)}) == [1, 2]
