@@ -85,11 +85,12 @@ def runner(state: Path, **extra_env: str) -> Iterator[Runner]:
     reader = threading.Thread(target=lambda: run.output.extend(iter(process.stdout.readline, "")))
     reader.start()
     try:
-        # The summary (with the passwords) comes once every process is started.
+        # The summary (with the passwords) comes once every process is started. A probe is
+        # one loopback request, so a short interval costs little and each start ends sooner.
         wait_for(
             lambda: _healthy(run) and "Press Ctrl-C" in run.text(),
             timeout_s=180,
-            interval_s=0.5,
+            interval_s=0.1,
             what="/healthz = 200 and the summary",
         )
         yield run
@@ -168,7 +169,36 @@ def _metrics(base_url: str) -> str:
     return response.text
 
 
-def test_runner_serves_the_hub_and_leaves_no_process_behind(state_dir: Path) -> None:
+def _direct_child(run: Runner, marker: str) -> psutil.Process:
+    for proc in psutil.Process(run.process.pid).children():
+        try:
+            if marker in " ".join(proc.cmdline()):
+                return proc
+        except psutil.NoSuchProcess:
+            continue
+    raise AssertionError(f"no {marker!r} under the runner")
+
+
+def test_runner_serves_keeps_its_data_restarts_dead_children_and_leaves_no_process_behind(
+    state_dir: Path,
+) -> None:
+    """Three runs on one state folder, as a newcomer's `make run`s go. A fresh start (a new
+    cluster, every migration, the demo accounts) is the costly part of a run, so the facts of
+    a normal run share one instead of making one each; each step below is its own function, so
+    a failure's traceback names the fact that broke."""
+    try:
+        admin_password = _first_run_serves_the_hub_and_leaves_no_process_behind(state_dir)
+        command = _second_run_reuses_the_data(state_dir, admin_password)
+        new_password = _changepassword_works_as_printed(command)
+        _third_run_restarts_a_child_that_dies_and_ctrl_c_still_stops_everything(
+            state_dir, new_password
+        )
+    finally:
+        _remove_moved_folders(state_dir)
+
+
+def _first_run_serves_the_hub_and_leaves_no_process_behind(state_dir: Path) -> str:
+    """The fresh start's checks; returns the admin's password that it printed."""
     # The gateway (and its way out of /tmp) is the URL test's, below.
     with runner(state_dir, HUB_DEMO_GATEWAY="0") as run:
         passwords = _demo_passwords(run)
@@ -221,13 +251,12 @@ def test_runner_serves_the_hub_and_leaves_no_process_behind(state_dir: Path) -> 
 
     left = {p.pid: cmdline for p, cmdline in started.items() if _still_running(p)}
     assert left == {}, f"left running: {left}"
+    return passwords["admin"]
 
 
-def test_second_run_reuses_the_data(state_dir: Path) -> None:
-    with runner(state_dir) as first:
-        password = _demo_passwords(first)["admin"]
-    assert first.process.returncode == 0
-
+def _second_run_reuses_the_data(state_dir: Path, password: str) -> str:
+    """A run on the first one's state folder; returns the changepassword command that its
+    summary prints."""
     with runner(state_dir) as second:
         wait_for(lambda: "Press Ctrl-C" in second.text(), timeout_s=60, what="the summary")
         assert _demo_passwords(second) == {}, "passwords must be printed only once"
@@ -236,13 +265,18 @@ def test_second_run_reuses_the_data(state_dir: Path) -> None:
         # The admin account and its password from the first run are still there.
         page = _admin_login(second.base_url, "admin", password)
         assert "Run the market | CloudGPU admin" in page.text  # the signed-in admin index
-    # The summary says how to set a new password; the command it gives works as printed.
+    # The summary says how to set a new password.
     summary = second.text().partition("CloudGPU hub is running:")[2]
     command = re.search(r"stop the hub and run: (.+ manage\.py changepassword admin)", summary)
     assert command is not None, summary
+    return command.group(1)
+
+
+def _changepassword_works_as_printed(command: str) -> str:
+    """The summary's command, run as printed (with the hub stopped); returns the new password."""
     new_password = secrets.token_urlsafe(16)
     subprocess.run(
-        shlex.split(command.group(1)),
+        shlex.split(command),
         cwd=REPO_ROOT,
         env={k: v for k, v in os.environ.items() if k not in _SERVICE_VARS},
         input=f"{new_password}\n{new_password}\n",
@@ -252,9 +286,37 @@ def test_second_run_reuses_the_data(state_dir: Path) -> None:
         timeout=120,
         check=True,
     )
-    with runner(state_dir) as third:
-        page = _admin_login(third.base_url, "admin", new_password)
-        assert "Run the market | CloudGPU admin" in page.text  # the signed-in admin index
+    return new_password
+
+
+def _third_run_restarts_a_child_that_dies_and_ctrl_c_still_stops_everything(
+    state_dir: Path, new_password: str
+) -> None:
+    with runner(state_dir) as run:
+        page = _admin_login(run.base_url, "admin", new_password)
+        assert "Run the market | CloudGPU admin" in page.text, "the new password does not work"
+
+        worker = _direct_child(run, "worker")
+        redis_server = _direct_child(run, "redis-server")
+        worker.kill()
+        redis_server.kill()
+
+        wait_for(
+            lambda: "worker restarted" in run.text() and "redis restarted" in run.text(),
+            timeout_s=60,
+            what="the worker and Redis restarted",
+        )
+        assert "worker exited with status -9; restarting it in 1 s" in run.text()
+        assert run.process.poll() is None  # the runner went on
+        assert _direct_child(run, "worker").pid != worker.pid
+        wait_for(lambda: _healthy(run), timeout_s=60, what="/healthz = 200 again")
+        started = _started_processes(run)
+
+        run.process.send_signal(signal.SIGINT)
+        assert run.process.wait(timeout=90) == 0
+
+    left = {p.pid: cmdline for p, cmdline in started.items() if _still_running(p)}
+    assert left == {}, f"left running: {left}"
 
 
 def test_exec_passes_sigterm_on_and_stops_its_services(state_dir: Path) -> None:
@@ -291,43 +353,6 @@ def test_exec_passes_sigterm_on_and_stops_its_services(state_dir: Path) -> None:
     assert left == {}, f"left running: {left}"
 
 
-def _direct_child(run: Runner, marker: str) -> psutil.Process:
-    for proc in psutil.Process(run.process.pid).children():
-        try:
-            if marker in " ".join(proc.cmdline()):
-                return proc
-        except psutil.NoSuchProcess:
-            continue
-    raise AssertionError(f"no {marker!r} under the runner")
-
-
-def test_a_child_that_dies_is_restarted_and_ctrl_c_still_stops_everything(
-    state_dir: Path,
-) -> None:
-    with runner(state_dir) as run:
-        worker = _direct_child(run, "worker")
-        redis_server = _direct_child(run, "redis-server")
-        worker.kill()
-        redis_server.kill()
-
-        wait_for(
-            lambda: "worker restarted" in run.text() and "redis restarted" in run.text(),
-            timeout_s=60,
-            what="the worker and Redis restarted",
-        )
-        assert "worker exited with status -9; restarting it in 1 s" in run.text()
-        assert run.process.poll() is None  # the runner went on
-        assert _direct_child(run, "worker").pid != worker.pid
-        wait_for(lambda: _healthy(run), timeout_s=60, what="/healthz = 200 again")
-        started = _started_processes(run)
-
-        run.process.send_signal(signal.SIGINT)
-        assert run.process.wait(timeout=90) == 0
-
-    left = {p.pid: cmdline for p, cmdline in started.items() if _still_running(p)}
-    assert left == {}, f"left running: {left}"
-
-
 # --- the local trial's tunnel gateway ---------------------------------------------------------
 
 
@@ -343,9 +368,18 @@ def _clone_state_under_tmp() -> Iterator[Path]:
         yield state
     finally:
         shutil.rmtree(parent, ignore_errors=True)
-        digest = hashlib.sha256(str(state.resolve()).encode()).hexdigest()[:16]
-        for name in (f"gateway-{digest}", f"postgres-{digest}"):
-            shutil.rmtree(SHARED_PGINSTALL_DIR / name, ignore_errors=True)
+        _remove_moved_folders(state)
+
+
+def _remove_moved_folders(state: Path) -> None:
+    """The gateway's files and the cluster that the runner keeps in the system folder for a
+    state folder that sshd or cloudgpu-pg cannot use: the state folder's own clean-up does not
+    reach them. Each is named for a digest of its own folder's path in the state folder
+    (hub/lib/demo_gateway.py, hub/lib/embedded.py's _cluster_root)."""
+    state = state.resolve()
+    for prefix, path in (("gateway", state), ("postgres", state / "postgres")):
+        digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+        shutil.rmtree(SHARED_PGINSTALL_DIR / f"{prefix}-{digest}", ignore_errors=True)
 
 
 def _sign_in_renter(client: httpx.Client, run: Runner) -> None:
@@ -397,7 +431,13 @@ def test_the_local_trial_gives_a_rental_a_url_that_answers_through_the_gateway(
             )
             assert offer["price_per_hour_micros"] == 0
             marker = uuid.uuid4().hex
-            serve = f"mkdir /www; echo {marker} > /www/index.html; exec httpd -f -p 8080 -h /www"
+            # A PID 1 ignores SIGTERM unless it handles it, and httpd does not: the shell
+            # traps it, so Ctrl-C's end of the rental stops the container at once instead of
+            # after the agent's 10 s grace (that path is tests/agent/test_agent_docker.py's).
+            serve = (
+                f"mkdir /www; echo {marker} > /www/index.html; trap 'exit 0' TERM; "
+                "httpd -f -p 8080 -h /www & wait"
+            )
             rented = renter.post(
                 "/api/v1/leases/",
                 json={

@@ -54,7 +54,8 @@ def serving(state: Path, port: int, *options: str) -> Iterator[subprocess.Popen[
             return False
 
     try:
-        wait_for(healthy, timeout_s=180, interval_s=0.5, what=f"/healthz on port {port}")
+        # A probe is one loopback request: polling often costs little and ends the wait sooner.
+        wait_for(healthy, timeout_s=180, interval_s=0.1, what=f"/healthz on port {port}")
         yield process
     finally:
         stop(process, reader)
