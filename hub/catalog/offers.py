@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Count, Exists, F, OuterRef, QuerySet, Window
+from django.db.models import Count, Exists, OuterRef, QuerySet
 
 from hub.catalog.uptime import UPTIME_WINDOW, uptime
 from hub.leases.models import LeaseGpu
@@ -119,9 +119,16 @@ def available_gpus(
     if wanted.min_uptime:
         gpus = gpus.filter(host__uptime_7d__gte=wanted.min_uptime)
     if num_gpus > 1:
-        # GPUs free together on one host: as many of the host's GPUs pass every filter.
-        together = Window(Count("pk"), partition_by=[F("host_id")])
-        gpus = gpus.annotate(free_on_host=together).filter(free_on_host__gte=num_gpus)
+        # GPUs free together on one host: as many of the host's GPUs pass every filter. One
+        # grouped pass over the candidates (a hashed subplan), not a window over every row.
+        together = (
+            gpus.order_by()
+            .values("host_id")
+            .annotate(free=Count("pk"))
+            .filter(free__gte=num_gpus)
+            .values("host_id")
+        )
+        gpus = gpus.filter(host_id__in=together)
     return gpus.order_by(*SORTS.get(sort, SORTS["price"]))
 
 

@@ -176,6 +176,19 @@ class Gpu(models.Model):
                 condition=models.Q(listed=True, priced=True, present=True),
                 name="gpu_offer_by_price",
             ),
+            # ... and for the other sorts (catalog.offers.SORTS), likewise.
+            models.Index(
+                models.F("memory_total_bytes").desc(),
+                "price_per_hour_micros",
+                "id",
+                condition=models.Q(listed=True, priced=True, present=True),
+                name="gpu_offer_by_vram",
+            ),
+            models.Index(
+                fields=["name", "price_per_hour_micros", "id"],
+                condition=models.Q(listed=True, priced=True, present=True),
+                name="gpu_offer_by_model",
+            ),
         ]
 
     def __str__(self) -> str:
