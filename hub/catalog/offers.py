@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Count, Exists, OuterRef, QuerySet
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
 
 from hub.catalog.uptime import UPTIME_WINDOW, uptime
 from hub.leases.models import LeaseGpu
@@ -83,25 +83,22 @@ def available_gpus(
 ) -> QuerySet[Gpu]:
     """Every filter in SQL, so a page of a large market reads only that page (the cheapest
     first through the gpu_offer_by_price index); evaluated by the caller, sliced."""
-    leased = LeaseGpu.objects.filter(gpu=OuterRef("pk"), active=True)
-    gpus = (
-        Gpu.objects.select_related("host")
-        .filter(
-            listed=True,
-            priced=True,
-            present=True,
-            host__status=Host.Status.ONLINE,
-            host__maintenance=False,
-            host__release_stuck_since__isnull=True,
-        )
-        .exclude(Exists(leased))
-    )
+    # What makes a GPU itself an offer; its host's side is below.
+    rentable = Q(listed=True, priced=True, present=True)
     if model:
-        gpus = gpus.filter(name__icontains=model)
+        rentable &= Q(name__icontains=model)
     if min_vram_bytes:
-        gpus = gpus.filter(memory_total_bytes__gte=min_vram_bytes)
+        rentable &= Q(memory_total_bytes__gte=min_vram_bytes)
     if max_price_micros is not None:
-        gpus = gpus.filter(price_per_hour_micros__lte=max_price_micros)
+        rentable &= Q(price_per_hour_micros__lte=max_price_micros)
+    free = ~Exists(LeaseGpu.objects.filter(gpu=OuterRef("pk"), active=True))
+    gpus = Gpu.objects.select_related("host").filter(
+        rentable,
+        free,
+        host__status=Host.Status.ONLINE,
+        host__maintenance=False,
+        host__release_stuck_since__isnull=True,
+    )
     wanted = host or HostFilters()
     if wanted.location:
         gpus = gpus.filter(host__location__icontains=wanted.location)
@@ -119,16 +116,18 @@ def available_gpus(
     if wanted.min_uptime:
         gpus = gpus.filter(host__uptime_7d__gte=wanted.min_uptime)
     if num_gpus > 1:
-        # GPUs free together on one host: as many of the host's GPUs pass every filter. One
-        # grouped pass over the candidates (a hashed subplan), not a window over every row.
-        together = (
-            gpus.order_by()
+        # GPUs free together on one host: as many of the host's GPUs pass the GPU's own
+        # filters (the host's are the same for all of them). Counted per candidate row as the
+        # price-ordered scan meets it, through the (host, index) index: a page costs its own
+        # rows' hosts, not a count over the whole market.
+        siblings = (
+            Gpu.objects.filter(rentable, free, host_id=OuterRef("host_id"))
+            .order_by()
             .values("host_id")
-            .annotate(free=Count("pk"))
-            .filter(free__gte=num_gpus)
-            .values("host_id")
+            .annotate(n=Count("pk"))
+            .values("n")
         )
-        gpus = gpus.filter(host_id__in=together)
+        gpus = gpus.annotate(free_on_host=Subquery(siblings)).filter(free_on_host__gte=num_gpus)
     return gpus.order_by(*SORTS.get(sort, SORTS["price"]))
 
 
