@@ -44,6 +44,7 @@ def figures(quick: bool, agents: int) -> list[list[str]]:
         ],
         ["bench.web_load", "--seconds", "30" if quick else "120"],
         ["bench.protocol_parse", "--rounds", "3" if quick else "7"],
+        ["bench.offers_scale", "--hosts", "2000" if quick else "10000"],
         # Needs root, openssh-server and nginx (it runs the real gateway); says so otherwise.
         ["bench.tunnel", *(["--requests", "300", "--rounds", "1"] if quick else [])],
     ]
