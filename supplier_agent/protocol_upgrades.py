@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 from supplier_agent.protocol_schema import Message, ProtocolError, _known, _str, _uuid
 
@@ -31,39 +34,35 @@ def _version(value: Any, where: str) -> str:
 
 
 @dataclass(frozen=True)
-class Upgrade(Message):
-    """Install ``version``, the release the hub serves now, as ``cloudgpu-agent upgrade``
-    would (``failed``, nothing changed, if the hub serves another by the time it asks)."""
+class _Order(Message):
+    """What the hub tells one host of a rollout: the rollout and a version."""
 
-    TYPE: ClassVar[str] = "upgrade"
     rollout_id: str
     version: str
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Upgrade:
-        _known(data, {"rollout_id", "version"}, "upgrade")
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        _known(data, {"rollout_id", "version"}, cls.TYPE)
         return cls(
-            rollout_id=_uuid(data.get("rollout_id"), "upgrade.rollout_id"),
-            version=_version(data.get("version"), "upgrade.version"),
+            rollout_id=_uuid(data.get("rollout_id"), f"{cls.TYPE}.rollout_id"),
+            version=_version(data.get("version"), f"{cls.TYPE}.version"),
         )
 
 
 @dataclass(frozen=True)
-class Rollback(Message):
+class Upgrade(_Order):
+    """Install ``version``, the release the hub serves now, as ``cloudgpu-agent upgrade``
+    would (``failed``, nothing changed, if the hub serves another by the time it asks)."""
+
+    TYPE: ClassVar[str] = "upgrade"
+
+
+@dataclass(frozen=True)
+class Rollback(_Order):
     """Go back to ``version``, the one this host ran before the rollout's upgrade (kept under
     the prefix by ``upgrade``); nothing happens on a host that runs it already."""
 
     TYPE: ClassVar[str] = "rollback"
-    rollout_id: str
-    version: str
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Rollback:
-        _known(data, {"rollout_id", "version"}, "rollback")
-        return cls(
-            rollout_id=_uuid(data.get("rollout_id"), "rollback.rollout_id"),
-            version=_version(data.get("version"), "rollback.version"),
-        )
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,14 @@ def _come_back(rows: list[RolloutHost], version: str = TARGET) -> None:
     Host.objects.filter(pk__in=[r.host_id for r in rows]).update(agent_version=version)
 
 
+def _says(host_id: int, rollout: Any, state: str, detail: str = "", version: str = TARGET) -> None:
+    """What the host's agent says of the rollout (an ``upgrade_status``)."""
+    services.record_status(
+        host_id,
+        UpgradeStatus(rollout_id=str(rollout), version=version, state=state, detail=detail),
+    )
+
+
 def _advance(capture: Any, now: Any = None) -> None:
     with capture(execute=True):
         progress.advance(now)
@@ -151,12 +159,7 @@ def test_a_wave_that_fails_pauses_the_rollout_and_rolls_back_the_hosts_that_swit
     for row in (first, second):
         assert _received(row.host.channel_name)["type"] == "upgrade"
     # One fails its smoke test (nothing switched); the other comes back at the version.
-    services.record_status(
-        first.host_id,
-        UpgradeStatus(
-            rollout_id=str(rollout.pk), version=TARGET, state="failed", detail="smoke failed"
-        ),
-    )
+    _says(first.host_id, rollout.pk, "failed", "smoke failed")
     _come_back([second])
     _advance(django_capture_on_commit_callbacks, now + timedelta(seconds=1))
     rollout.refresh_from_db()
@@ -243,10 +246,7 @@ def test_resume_accepts_the_wave_and_goes_on(django_capture_on_commit_callbacks:
     now = timezone.now()
     _advance(django_capture_on_commit_callbacks, now)
     (row,) = _rows(rollout, wave=1)
-    services.record_status(
-        row.host_id,
-        UpgradeStatus(rollout_id=str(rollout.pk), version=TARGET, state="failed", detail="x"),
-    )
+    _says(row.host_id, rollout.pk, "failed", "x")
     _advance(django_capture_on_commit_callbacks, now + timedelta(seconds=1))
     assert Rollout.objects.get(pk=rollout.pk).state == Rollout.State.PAUSED
     services.resume(rollout.pk)
@@ -303,25 +303,17 @@ def test_an_agent_that_cannot_upgrade_itself_is_left_behind_with_its_reason(
     (host,) = _hosts(1)
     rollout = services.create([100], pause_s=0)
     _advance(django_capture_on_commit_callbacks)
-    services.record_status(
+    _says(
         host.pk,
-        UpgradeStatus(
-            rollout_id=str(rollout.pk),
-            version=TARGET,
-            state="refused",
-            detail="this agent runs from /src/.venv, not from an installer's <prefix>/venv",
-        ),
+        rollout.pk,
+        "refused",
+        "this agent runs from /src/.venv, not from an installer's <prefix>/venv",
     )
     row = _rows(rollout)[0]
     assert row.state == State.LEFT_BEHIND
     assert "installer" in row.detail
     # A status for a rollout or host it does not know changes nothing.
-    services.record_status(
-        host.pk,
-        UpgradeStatus(
-            rollout_id="6f1c1c3e-1b1a-4f0e-9a51-2c3c1c1c1c1c", version=TARGET, state="failed"
-        ),
-    )
+    _says(host.pk, "6f1c1c3e-1b1a-4f0e-9a51-2c3c1c1c1c1c", "failed")
 
 
 def test_a_host_that_never_comes_back_fails_after_the_timeout(
@@ -392,10 +384,7 @@ def test_a_host_of_a_stopped_wave_that_gets_there_late_is_rolled_back_too(
     now = timezone.now()
     _advance(django_capture_on_commit_callbacks, now)
     failing, slow = _rows(rollout, wave=1)
-    services.record_status(
-        failing.host_id,
-        UpgradeStatus(rollout_id=str(rollout.pk), version=TARGET, state="failed", detail="x"),
-    )
+    _says(failing.host_id, rollout.pk, "failed", "x")
     _advance(django_capture_on_commit_callbacks, now + timedelta(seconds=1))
     assert Rollout.objects.get(pk=rollout.pk).state == Rollout.State.PAUSED
     assert _received(slow.host.channel_name)["type"] == "upgrade"
@@ -415,10 +404,7 @@ def test_resuming_an_admin_s_pause_does_not_excuse_the_wave(
     services.pause(rollout.pk, "paused by admin")
     services.resume(rollout.pk)
     first, _ = _rows(rollout, wave=1)
-    services.record_status(
-        first.host_id,
-        UpgradeStatus(rollout_id=str(rollout.pk), version=TARGET, state="failed", detail="x"),
-    )
+    _says(first.host_id, rollout.pk, "failed", "x")
     _advance(django_capture_on_commit_callbacks, now + timedelta(seconds=1))
     rollout.refresh_from_db()
     assert rollout.state == Rollout.State.PAUSED
@@ -441,10 +427,7 @@ def test_a_rollback_that_fails_or_goes_unanswered_is_settled_or_told_again(
     for row in (first, second):
         _received(row.host.channel_name)  # the upgrade
         assert _received(row.host.channel_name)["type"] == "rollback"
-    services.record_status(
-        first.host_id,
-        UpgradeStatus(rollout_id=str(rollout.pk), version=OLD, state="failed", detail="lock held"),
-    )
+    _says(first.host_id, rollout.pk, "failed", "lock held", version=OLD)
     row = _rows(rollout, pk=first.pk)[0]
     assert row.state == State.FAILED
     assert row.detail == "rollback failed: lock held"
