@@ -48,7 +48,9 @@ def _run_as_shown(command: str, prefix: Path, tmp: Path) -> subprocess.Completed
     tests run as root or without sudo, so the line runs without it."""
     line = command.replace(" | sudo bash -s ", " | bash -s ", 1)
     assert line != command
-    line += f" --prefix {prefix} --no-systemd --runtime mock"
+    # Without systemd the new version first runs a trial of --health-window seconds before the
+    # switch, 30 by default: one is enough here (the agent is started and seen online below).
+    line += f" --prefix {prefix} --no-systemd --runtime mock --health-window 1"
     temp = tmp / "tmp"
     temp.mkdir(exist_ok=True)
     return subprocess.run(

@@ -3,7 +3,10 @@ a re-install changes only what it was told to, a version whose ``run`` dies is n
 without systemd, a user outside the ``docker`` group is told so, and a full disk (bytes or
 inodes), a redirect refused and a hub URL with a path each get one clear line.
 
-The servers, fixtures and helpers are ``test_install_faults.py``'s.
+The servers, fixtures and helpers are ``test_install_faults.py``'s. A re-run starts from a
+copy of one first install per session (the ``installed_agent`` fixture,
+tests/hub/installer/conftest.py), at the path it was made at, configured for a hub that lives as
+long.
 """
 
 from __future__ import annotations
@@ -31,24 +34,17 @@ from supplier_agent import __version__, release_signing
 from tests.agent import test_upgrade_faults
 from tests.agent.test_upgrade import Wheel
 from tests.hub.installer import test_install_faults
-from tests.hub.installer.test_install_faults import (
-    MARKER,
-    AgentHub,
-    Served,
-    installed,
-    release_routes,
-    run_install,
-    small_filesystem,
-)
+from tests.hub.installer.test_install_faults import MARKER, Served, release_routes
 from tests.support.agents import new_token
+from tests.support.installed_agent import FIRST_HEALTH_WINDOW_S, InstalledAgent, run_install
 
 # Virtualenvs, pip and real agents: seconds each, out of the fast lane (tests/conftest.py).
 pytestmark = pytest.mark.slow
 
-# The same fixtures: the script as the hub serves it, a wheelhouse for offline pip, and a wheel
-# that installs, says its version and passes `smoke`, then dies as soon as `run` starts.
+# The same fixtures: the script as the hub serves it, and a wheel that installs, says its
+# version and passes `smoke`, then dies as soon as `run` starts. (The wheelhouse for offline pip
+# and the installed agent are tests/hub/installer/conftest.py's.)
 script = test_install_faults.script
-wheelhouse = test_install_faults.wheelhouse
 dies_in_run = test_upgrade_faults.dies_in_run
 
 # Keys `configure` never writes and the old installer dropped on a re-install, plus ones only a
@@ -82,14 +78,14 @@ def snapshot(root: Path) -> dict[str, str]:
     return entries
 
 
-def assert_one_clear_failure(stderr: str, root: Path) -> str:
-    """No traceback, and a last line from the script itself; every path under ``root`` it names
-    exists (none is the side folder it has just removed)."""
+def assert_one_clear_failure(stderr: str, *roots: Path) -> str:
+    """No traceback, and a last line from the script itself; every path under one of ``roots``
+    it names exists (none is the side folder it has just removed)."""
     assert "Traceback" not in stderr, stderr
     last = stderr.strip().splitlines()[-1]
     assert last.startswith(f"{MARKER} error: "), stderr
     for named in re.findall(r"/[^\s;:,()'\"]+", last):
-        if named.startswith(str(root)):
+        if named.startswith(tuple(str(root) for root in roots)):
             assert Path(named).exists(), f"the message names {named}, which does not exist: {last}"
     return last
 
@@ -113,10 +109,10 @@ def add_settings(path: Path, settings: dict[str, str]) -> None:
 
 
 def test_a_rerun_whose_hub_check_fails_changes_no_file(
-    script: str, agent_wheel: WheelInfo, wheelhouse: Path, tmp_path: Path
+    script: str, agent_wheel: WheelInfo, installed_agent: InstalledAgent, tmp_path: Path
 ) -> None:
-    prefix = tmp_path / "prefix"
-    with installed(tmp_path, script, agent_wheel, wheelhouse, prefix) as (env, args):
+    prefix = installed_agent.prefix
+    with installed_agent.fresh_copy() as (env, args):
         before = snapshot(prefix)
         # Serves the release, but no agent WebSocket: the new version's `smoke` fails there.
         with Served(release_routes(agent_wheel)) as elsewhere:
@@ -124,7 +120,7 @@ def test_a_rerun_whose_hub_check_fails_changes_no_file(
             assert f"/agent/{agent_wheel.filename}" in elsewhere.requests
 
     assert moved.returncode != 0
-    last = assert_one_clear_failure(moved.stderr, tmp_path)
+    last = assert_one_clear_failure(moved.stderr, tmp_path, installed_agent.root)
     assert "nothing was changed" in last
     assert f"{prefix}/venv/bin/cloudgpu-agent doctor" in last
     assert snapshot(prefix) == before
@@ -158,21 +154,29 @@ def test_a_first_install_whose_hub_check_fails_leaves_nothing(
 
 
 def test_a_rerun_with_a_runtime_or_a_token_keeps_every_other_setting(
-    script: str, agent_wheel: WheelInfo, wheelhouse: Path, tmp_path: Path
+    script: str, installed_agent: InstalledAgent, tmp_path: Path
 ) -> None:
-    prefix = tmp_path / "prefix"
+    """Also test_install_faults.py's former test_a_rerun_with_an_option_changes_only_that_setting:
+    its re-run (runtime docker to mock, compute mode skip) is the first one here."""
+    prefix = installed_agent.prefix
     config = prefix / "state" / "cloudgpu-agent.conf"
-    with installed(tmp_path, script, agent_wheel, wheelhouse, prefix) as (env, args):
+    with installed_agent.fresh_copy() as (env, args):
         token = read_config(config)["token"]
         add_settings(config, {**EXTRA_SETTINGS, "runtime": "docker"})
         with open(config, "a") as out:
             out.write("\n[a-section-from-a-newer-agent]\nsome_key = 1\n")
         expected = read_config(config)
 
-        # A new runtime: that and nothing else changes.
+        # A new runtime: that and nothing else changes. Docker to mock, not the other way: the
+        # new version's trial run (--no-systemd) starts the runtime it is configured with, and
+        # this host may have no Docker.
         runtime = run_install(script, *args, "--runtime", "mock", tmp=tmp_path, env=env)
         assert runtime.returncode == 0, runtime.stderr
         assert read_config(config) == {**expected, "runtime": "mock"}
+        changed = read_config(config)
+        assert changed["runtime"] == "mock"
+        assert changed["compute_mode"] == "skip"
+        assert changed["token"] == token
 
         # A token (as from a new install command): the token and nothing else.
         again = run_install(script, *args, tmp=tmp_path, env={**env, "CLOUDGPU_TOKEN": token})
@@ -190,7 +194,7 @@ def test_a_rerun_with_a_runtime_or_a_token_keeps_every_other_setting(
     parser.read(config)
     assert parser["a-section-from-a-newer-agent"]["some_key"] == "1"
     assert stat.S_IMODE(config.stat().st_mode) == 0o600
-    assert token not in runtime.stderr + again.stderr
+    assert token not in runtime.stdout + runtime.stderr + again.stderr
     assert not list(config.parent.glob(".*"))  # no staged or temporary file left
 
 
@@ -202,25 +206,27 @@ def _info(wheel: Wheel) -> WheelInfo:
 
 
 def test_a_version_that_dies_in_run_is_not_switched_to_without_systemd(
-    script: str, agent_wheel: WheelInfo, wheelhouse: Path, dies_in_run: Wheel, tmp_path: Path
+    script: str,
+    agent_wheel: WheelInfo,
+    installed_agent: InstalledAgent,
+    dies_in_run: Wheel,
+    tmp_path: Path,
 ) -> None:
-    prefix = tmp_path / "prefix"
-    token = new_token()
-    env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheelhouse)}
-    with AgentHub(token, agent_wheel) as hub:
+    # The first install (the session's, with a window of 2 s) ran this tree's version's trial.
+    first, hub, prefix = installed_agent.first, installed_agent.hub, installed_agent.prefix
+    with installed_agent.fresh_copy() as (env, _):
         args = ("--prefix", str(prefix), "--no-systemd", "--hub", hub.url, "--health-window", "2")
-        first = run_install(
-            script, *args, "--runtime", "mock", tmp=tmp_path, env={**env, "CLOUDGPU_TOKEN": token}
-        )
-        assert first.returncode == 0, first.stderr
         before = snapshot(prefix)
 
         # The hub now offers the version that passes `smoke` and dies in `run`.
         hub.offer(_info(dies_in_run))
-        result = run_install(script, *args, tmp=tmp_path, env=env)
+        try:
+            result = run_install(script, *args, tmp=tmp_path, env=env)
+        finally:
+            hub.offer(agent_wheel)  # the session's hub: the next test's re-runs get this tree's
 
     assert result.returncode != 0
-    assert f"trying cloudgpu-agent {__version__} for 2 s" in first.stderr
+    assert f"trying cloudgpu-agent {__version__} for {FIRST_HEALTH_WINDOW_S} s" in first.stderr
     assert f"trying cloudgpu-agent {dies_in_run.version} for 2 s" in result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"{MARKER} error: cloudgpu-agent {dies_in_run.version} failed its 2 s")
@@ -338,14 +344,14 @@ def test_a_hub_url_with_a_path_is_refused_in_one_line(
 
 
 def test_a_rerun_with_a_hub_path_is_refused_before_it_touches_anything(
-    script: str, agent_wheel: WheelInfo, wheelhouse: Path, tmp_path: Path
+    script: str, agent_wheel: WheelInfo, installed_agent: InstalledAgent, tmp_path: Path
 ) -> None:
     """A hub that a proxy serves under a path too: once the whole new version was installed,
     then `configure` refused the URL, and the kept token piped to it could end in a
     BrokenPipeError traceback (when `configure` had exited first)."""
-    prefix = tmp_path / "prefix"
+    prefix = installed_agent.prefix
     routes = {f"/x{path}": send for path, send in release_routes(agent_wheel).items()}
-    with installed(tmp_path, script, agent_wheel, wheelhouse, prefix) as (env, args):
+    with installed_agent.fresh_copy() as (env, args):
         before = snapshot(prefix)
         with Served(routes) as proxied:
             result = run_install(script, *args, "--hub", f"{proxied.url}/x", tmp=tmp_path, env=env)
@@ -394,7 +400,7 @@ exec "$REAL_PYTHON" "$@"
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (needs root)")
 def test_a_full_disk_is_named_as_such_and_changes_nothing(
-    script: str, agent_wheel: WheelInfo, wheelhouse: Path, tmp_path: Path
+    script: str, installed_agent: InstalledAgent, tmp_path: Path
 ) -> None:
     real_python = shutil.which("python3")
     assert real_python is not None
@@ -402,54 +408,54 @@ def test_a_full_disk_is_named_as_such_and_changes_nothing(
     shims.mkdir()
     (shims / "python3").write_text(FILLING_PYTHON)
     (shims / "python3").chmod(0o755)
-    with small_filesystem(tmp_path / "disk", 320) as disk:
+    # The installed agent, on a tmpfs of 320 MiB of its own (mounted at `disk`).
+    disk, prefix = installed_agent.root, installed_agent.prefix
+    with installed_agent.fresh_copy(disk_mib=320) as (env, args):
         subprocess.run(["mount", "-o", "remount,nr_inodes=40000", str(disk)], check=True)
-        prefix = disk / "prefix"
-        with installed(tmp_path, script, agent_wheel, wheelhouse, prefix) as (env, args):
-            before = snapshot(prefix)
+        before = snapshot(prefix)
 
-            # Out of inodes before it starts: refused up front.
-            filler = disk / "filler"
-            filler.mkdir()
-            free = os.statvfs(disk).f_favail
-            for n in range(free - 5000):
-                (filler / str(n)).touch()
-            refused = run_install(script, *args, tmp=tmp_path, env=env)
-            assert refused.returncode == 1
-            last = assert_one_clear_failure(refused.stderr, tmp_path)
-            assert f"{prefix} needs 20000 free inodes" in last
+        # Out of inodes before it starts: refused up front.
+        filler = disk / "filler"
+        filler.mkdir()
+        free = os.statvfs(disk).f_favail
+        for n in range(free - 5000):
+            (filler / str(n)).touch()
+        refused = run_install(script, *args, tmp=tmp_path, env=env)
+        assert refused.returncode == 1
+        last = assert_one_clear_failure(refused.stderr, tmp_path, disk)
+        assert f"{prefix} needs 20000 free inodes" in last
+        assert "nothing was changed" in last
+        assert snapshot(prefix) == before
+        shutil.rmtree(filler)
+
+        # Filled meanwhile: after the checks, before or during the install.
+        for when, what, says in [
+            ("before-venv", "bytes", "could not create the virtual environment: "),
+            ("before-venv", "inodes", "could not create the virtual environment: "),
+            ("before-pip", "bytes", "pip could not install the agent: "),
+        ]:
+            full = {"bytes": "is full", "inodes": "has no free inodes left"}[what]
+            result = run_install(
+                script,
+                *args,
+                tmp=tmp_path,
+                env={
+                    **env,
+                    "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}",
+                    "REAL_PYTHON": real_python,
+                    "FILL_DISK": str(disk),
+                    "FILL_WHEN": when,
+                    "FILL_WHAT": what,
+                },
+            )
+            assert result.returncode == 1, result.stderr
+            last = assert_one_clear_failure(result.stderr, tmp_path, disk)
+            assert says in last, (when, what, result.stderr)
+            # pip removes what it unpacked on the way out: its log says why instead.
+            assert f"the disk of {prefix} {full}" in last or (
+                when == "before-pip" and "a disk filled up (No space left on device)" in last
+            ), (when, what, result.stderr)
             assert "nothing was changed" in last
-            assert snapshot(prefix) == before
+            assert "Errno" not in result.stderr
+            assert snapshot(prefix) == before, (when, what)
             shutil.rmtree(filler)
-
-            # Filled meanwhile: after the checks, before or during the install.
-            for when, what, says in [
-                ("before-venv", "bytes", "could not create the virtual environment: "),
-                ("before-venv", "inodes", "could not create the virtual environment: "),
-                ("before-pip", "bytes", "pip could not install the agent: "),
-            ]:
-                full = {"bytes": "is full", "inodes": "has no free inodes left"}[what]
-                result = run_install(
-                    script,
-                    *args,
-                    tmp=tmp_path,
-                    env={
-                        **env,
-                        "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}",
-                        "REAL_PYTHON": real_python,
-                        "FILL_DISK": str(disk),
-                        "FILL_WHEN": when,
-                        "FILL_WHAT": what,
-                    },
-                )
-                assert result.returncode == 1, result.stderr
-                last = assert_one_clear_failure(result.stderr, tmp_path)
-                assert says in last, (when, what, result.stderr)
-                # pip removes what it unpacked on the way out: its log says why instead.
-                assert f"the disk of {prefix} {full}" in last or (
-                    when == "before-pip" and "a disk filled up (No space left on device)" in last
-                ), (when, what, result.stderr)
-                assert "nothing was changed" in last
-                assert "Errno" not in result.stderr
-                assert snapshot(prefix) == before, (when, what)
-                shutil.rmtree(filler)

@@ -5,7 +5,9 @@ messages for a missing TMPDIR, a hub that serves no release and a download that 
 
 Servers are this module's own, on loopback: plain HTTP, HTTPS with a certificate made here
 (handed to curl through CURL_CA_BUNDLE), and a protocol peer that also serves ``/agent/*``
-so the script's own ``smoke`` reaches a hub. pip installs offline from a wheelhouse.
+so the script's own ``smoke`` reaches a hub (tests/support/installed_agent.py). pip installs
+offline from a wheelhouse. A re-run starts from a copy of one first install per session (the
+``installed_agent`` fixture, tests/hub/installer/conftest.py), at the path it was made at.
 """
 
 from __future__ import annotations
@@ -20,10 +22,8 @@ import json
 import os
 import ssl
 import subprocess
-import sys
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +32,12 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from websockets.datastructures import Headers
-from websockets.http11 import Response
 
 from hub.installer.services import WheelInfo
 from hub.lib.ports import free_port
 from supplier_agent import __version__
-from tests.support.agents import agent_env, new_token
-from tests.support.hub_peer import HubPeer
-from tests.support.processes import REPO_ROOT
+from tests.support.agents import new_token
+from tests.support.installed_agent import AgentHub, InstalledAgent, run_install
 
 # Virtualenvs, pip and real agents: seconds each, out of the fast lane (tests/conftest.py).
 pytestmark = pytest.mark.slow
@@ -57,41 +54,6 @@ def script(client: Any, settings: Any) -> str:
     response = client.get("/install.sh")
     assert response.status_code == 200
     return str(response.content.decode())
-
-
-@pytest.fixture(scope="module")
-def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("wheelhouse")
-    subprocess.run(
-        [
-            *(sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check"),
-            *("-r", str(REPO_ROOT / "requirements" / "agent.txt"), "-d", str(folder)),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-    return folder
-
-
-def run_install(
-    script: str, *args: str, tmp: Path, env: dict[str, str] | None = None, timeout_s: float = 600
-) -> subprocess.CompletedProcess[str]:
-    """``curl ... | bash -s -- ARGS``: stdin is the script, so there is no terminal."""
-    temp = tmp / "tmp"
-    temp.mkdir(exist_ok=True)
-    full = agent_env(TMPDIR=str(temp))
-    full.update(env or {})
-    return subprocess.run(
-        ["bash", "-s", "--", *args],
-        input=script,
-        capture_output=True,
-        text=True,
-        env=full,
-        cwd=tmp,
-        timeout=timeout_s,
-        check=False,
-    )
 
 
 # --- servers -----------------------------------------------------------------------------------
@@ -128,7 +90,11 @@ class Served:
         if tls is not None:
             self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
         self.scheme = "https" if tls else "http"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # shutdown() waits for serve_forever to look at its flag: every 0.05 s, not the default
+        # 0.5 s that each test would wait out.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     @property
     def port(self) -> int:
@@ -217,59 +183,6 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, Path]
     return context, cert_path
 
 
-class AgentHub(HubPeer):
-    """The hub as the script sees it: ``/agent/*`` over HTTP and the agent WebSocket, on one
-    port, so the installed agent's ``smoke`` reaches it."""
-
-    def __init__(self, token: str, wheel: WheelInfo) -> None:
-        super().__init__(token)
-        self.offer(wheel)
-
-    def offer(self, wheel: WheelInfo) -> None:
-        """Serve ``wheel`` as the current release from now on."""
-        release = {
-            "version": wheel.version,
-            "filename": wheel.filename,
-            "sha256": wheel.sha256,
-            "url": f"/agent/{wheel.filename}",
-        }
-        self.files = {
-            "/agent/release.json": json.dumps(release).encode(),
-            f"/agent/{wheel.filename}": wheel.path.read_bytes(),
-        }
-
-    def _check_token(self, connection: Any, request: Any) -> Any:
-        if request.path in self.files:
-            body = self.files[request.path]
-            headers = Headers([("Content-Length", str(len(body))), ("Connection", "close")])
-            return Response(200, "OK", headers, body)
-        return super()._check_token(connection, request)
-
-
-@contextmanager
-def installed(
-    tmp: Path, script: str, wheel: WheelInfo, wheelhouse: Path, prefix: Path, *extra: str
-) -> Iterator[tuple[dict[str, str], tuple[str, ...]]]:
-    """A first install into ``prefix`` from a live loopback hub; yields the env and the
-    arguments for re-runs (no token: a re-run must not need one)."""
-    token = new_token()
-    with AgentHub(token, wheel) as hub:
-        env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheelhouse)}
-        # Each run tries the new version with `run --trial` first (--no-systemd): briefly here.
-        args = ("--prefix", str(prefix), "--no-systemd", "--hub", hub.url, "--health-window", "1")
-        first = run_install(
-            script,
-            *args,
-            "--runtime",
-            "mock",
-            *extra,
-            tmp=tmp,
-            env={**env, "CLOUDGPU_TOKEN": token},
-        )
-        assert first.returncode == 0, first.stderr
-        yield env, args
-
-
 def _agent_version(prefix: Path) -> str:
     result = subprocess.run(
         [str(prefix / "venv" / "bin" / "cloudgpu-agent"), "version"],
@@ -280,24 +193,6 @@ def _agent_version(prefix: Path) -> str:
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
-
-
-@contextmanager
-def small_filesystem(where: Path, size_mib: int) -> Iterator[Path]:
-    """A tmpfs of ``size_mib`` at ``where``, always unmounted."""
-    where.mkdir(parents=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "cloudgpu-test", str(where)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs (needs root): {mounted.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False, timeout=60)
 
 
 # --- 1, 2: https only after the first hop; URLs parsed, credentials refused ---------------------
@@ -468,21 +363,21 @@ def test_a_download_that_times_out_says_which(script: str, tmp_path: Path) -> No
 
 
 def test_a_rerun_on_a_nearly_full_disk_refuses_and_keeps_the_agent(
-    script: str, agent_wheel: WheelInfo, wheelhouse: Path, tmp_path: Path
+    script: str, installed_agent: InstalledAgent, tmp_path: Path
 ) -> None:
-    with small_filesystem(tmp_path / "disk", 320) as disk:
-        prefix = disk / "prefix"
-        with installed(tmp_path, script, agent_wheel, wheelhouse, prefix) as (env, args):
-            before = os.readlink(prefix / "venv")
-            stat = os.statvfs(disk)
-            fill = stat.f_bavail * stat.f_frsize - 60 * 1024 * 1024  # leave 60 MiB
-            with open(disk / "filler", "wb") as out:
-                out.truncate(0)
-                chunk = b"\0" * (1 << 20)
-                for _ in range(fill >> 20):
-                    out.write(chunk)
+    # The installed agent, on a tmpfs of 320 MiB of its own (mounted at `disk`).
+    disk, prefix = installed_agent.root, installed_agent.prefix
+    with installed_agent.fresh_copy(disk_mib=320) as (env, args):
+        before = os.readlink(prefix / "venv")
+        stat = os.statvfs(disk)
+        fill = stat.f_bavail * stat.f_frsize - 60 * 1024 * 1024  # leave 60 MiB
+        with open(disk / "filler", "wb") as out:
+            out.truncate(0)
+            chunk = b"\0" * (1 << 20)
+            for _ in range(fill >> 20):
+                out.write(chunk)
 
-            result = run_install(script, *args, tmp=tmp_path, env=env)
+        result = run_install(script, *args, tmp=tmp_path, env=env)
 
         assert result.returncode != 0
         assert f"{prefix} needs 200 MiB free" in result.stderr
@@ -495,10 +390,10 @@ def test_a_rerun_on_a_nearly_full_disk_refuses_and_keeps_the_agent(
 
 
 def test_a_rerun_whose_pip_fails_leaves_the_running_version_alone(
-    script: str, agent_wheel: WheelInfo, wheelhouse: Path, tmp_path: Path
+    script: str, installed_agent: InstalledAgent, tmp_path: Path
 ) -> None:
-    prefix = tmp_path / "prefix"
-    with installed(tmp_path, script, agent_wheel, wheelhouse, prefix) as (env, args):
+    prefix = installed_agent.prefix
+    with installed_agent.fresh_copy() as (env, args):
         before = os.readlink(prefix / "venv")
         empty = tmp_path / "empty-wheelhouse"
         empty.mkdir()
@@ -515,11 +410,11 @@ def test_a_rerun_whose_pip_fails_leaves_the_running_version_alone(
 
 
 def test_a_rerun_keeps_the_configuration_and_needs_no_token(
-    script: str, agent_wheel: WheelInfo, wheelhouse: Path, tmp_path: Path
+    script: str, installed_agent: InstalledAgent, tmp_path: Path
 ) -> None:
-    prefix = tmp_path / "prefix"
+    prefix = installed_agent.prefix
     config = prefix / "state" / "cloudgpu-agent.conf"
-    with installed(tmp_path, script, agent_wheel, wheelhouse, prefix) as (env, args):
+    with installed_agent.fresh_copy() as (env, args):
         parser = configparser.ConfigParser(interpolation=None)
         parser.read(config)
         parser["agent"]["compute_mode"] = "skip"
@@ -539,31 +434,9 @@ def test_a_rerun_keeps_the_configuration_and_needs_no_token(
     ]
 
 
-def test_a_rerun_with_an_option_changes_only_that_setting(
-    script: str, agent_wheel: WheelInfo, wheelhouse: Path, tmp_path: Path
-) -> None:
-    prefix = tmp_path / "prefix"
-    config = prefix / "state" / "cloudgpu-agent.conf"
-    with installed(tmp_path, script, agent_wheel, wheelhouse, prefix) as (env, args):
-        parser = configparser.ConfigParser(interpolation=None)
-        parser.read(config)
-        token = parser["agent"]["token"]
-        parser["agent"]["compute_mode"] = "skip"
-        # Docker to mock, not the other way: the new version's trial run (--no-systemd) starts
-        # the runtime it is configured with, and this host may have no Docker.
-        parser["agent"]["runtime"] = "docker"
-        with open(config, "w") as out:
-            parser.write(out)
-
-        result = run_install(script, *args, "--runtime", "mock", tmp=tmp_path, env=env)
-
-    assert result.returncode == 0, result.stderr
-    parser = configparser.ConfigParser(interpolation=None)
-    parser.read(config)
-    assert parser["agent"]["runtime"] == "mock"
-    assert parser["agent"]["compute_mode"] == "skip"
-    assert parser["agent"]["token"] == token
-    assert token not in result.stdout + result.stderr
+# A re-run with an option changes only that setting (runtime docker to mock, the compute mode
+# and the token kept): test_install_atomic.py's
+# test_a_rerun_with_a_runtime_or_a_token_keeps_every_other_setting, whose first re-run it is.
 
 
 def test_an_install_while_an_upgrade_runs_is_refused(

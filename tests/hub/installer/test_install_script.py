@@ -12,6 +12,7 @@ import subprocess
 import sys
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,12 +43,13 @@ def run_script(
     token: str | None = FAKE_TOKEN,
     timeout_s: float = 60,
     path_prefix: Path | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``curl ... | bash -s -- ARGS`` with the token (if any) in CLOUDGPU_TOKEN, the way CI runs
     it; stdin is the script, so there is no terminal to prompt on."""
     temp = tmp / "tmp"
     temp.mkdir(exist_ok=True)
-    env = agent_env(TMPDIR=str(temp))
+    env = agent_env(TMPDIR=str(temp), **(extra_env or {}))
     if token is not None:
         env["CLOUDGPU_TOKEN"] = token
     if path_prefix is not None:
@@ -143,14 +145,19 @@ def _online_host(owner: User) -> Host | None:
 
 @pytest.mark.django_db(transaction=True)
 def test_installing_from_a_live_hub_brings_the_host_online_and_reruns_upgrade_in_place(
-    tmp_path: Path,
+    agent_wheel: WheelInfo, wheelhouse: Path, tmp_path: Path
 ) -> None:
     supplier = User.objects.create_user(username=f"supplier-{uuid.uuid4().hex[:6]}")
     prefix = tmp_path / "prefix"
     venv, state = prefix / "venv", prefix / "state"
     argv_log = tmp_path / "argv.log"
     shims = _recording_shims(tmp_path / "shims", argv_log, "curl", "python3")
-    with hub_stack(tmp_path, AGENT_DIST_DIR=str(tmp_path / "agent-dist")) as stack:
+    # The hub serves the session's wheel (built from this tree: the hub finds it built, as in
+    # the test below; test_agent_wheel.py tests the build), and pip installs its dependencies
+    # offline from the session's wheelhouse, as PIP_* settings on a supplier's host would.
+    dist = str(agent_wheel.path.parent.parent)
+    pip = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheelhouse)}
+    with hub_stack(tmp_path, AGENT_DIST_DIR=dist) as stack:
         code, plaintext = enrollment.create_enrollment_code(supplier, "rig-1")
         with urllib.request.urlopen(f"{stack.url()}/install.sh", timeout=30) as response:  # noqa: S310
             script = response.read().decode()
@@ -159,7 +166,14 @@ def test_installing_from_a_live_hub_brings_the_host_online_and_reruns_upgrade_in
 
         # The one-liner: the code as bash's argument, no token anywhere.
         first = run_script(
-            script, plaintext, *args, tmp=tmp_path, token=None, timeout_s=600, path_prefix=shims
+            script,
+            plaintext,
+            *args,
+            tmp=tmp_path,
+            token=None,
+            timeout_s=600,
+            path_prefix=shims,
+            extra_env=pip,
         )
         assert first.returncode == 0, first.stderr
         assert f"{MARKER} success:" in first.stderr
@@ -194,7 +208,7 @@ def test_installing_from_a_live_hub_brings_the_host_online_and_reruns_upgrade_in
         assert config.read_bytes() == config_bytes
         assert supplier.agent_tokens.count() == 1
 
-        second = run_script(script, *args, tmp=tmp_path, token=token, timeout_s=600)
+        second = run_script(script, *args, tmp=tmp_path, token=token, timeout_s=600, extra_env=pip)
         assert second.returncode == 0, second.stderr
         # Installed beside the running version, then switched to (issue 22): the first stays.
         assert "beside the installed" in second.stderr
@@ -264,10 +278,22 @@ def _recording_shims(folder: Path, log: Path, *names: str) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def refusing_hub(
+    agent_wheel: WheelInfo, django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """One Daphne on the test database for the refused codes below (seconds to start, once):
+    each case makes its code in the database, and the hub reads it from there per request."""
+    dist = str(agent_wheel.path.parent.parent)
+    log = tmp_path_factory.mktemp("refusing-hub") / "web.log"
+    with web_only(log, AGENT_DIST_DIR=dist, **NO_ENROLL_LIMIT) as port:
+        yield f"http://127.0.0.1:{port}"
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("spoil", ["used", "expired", "revoked", "unknown"])
 def test_a_used_expired_cancelled_or_unknown_code_installs_nothing_and_says_why(
-    agent_wheel: WheelInfo, tmp_path: Path, spoil: str
+    refusing_hub: str, tmp_path: Path, spoil: str
 ) -> None:
     supplier = User.objects.create_user(username=f"supplier-{uuid.uuid4().hex[:6]}")
     code, plaintext = enrollment.create_enrollment_code(supplier)
@@ -280,19 +306,17 @@ def test_a_used_expired_cancelled_or_unknown_code_installs_nothing_and_says_why(
     else:
         plaintext = enrollment.tokens.generate_token(enrollment.PREFIX)
     prefix = tmp_path / "prefix"
-    dist = str(agent_wheel.path.parent.parent)
-    with web_only(tmp_path / "web.log", AGENT_DIST_DIR=dist, **NO_ENROLL_LIMIT) as port:
-        hub = f"http://127.0.0.1:{port}"
-        with urllib.request.urlopen(f"{hub}/install.sh", timeout=30) as response:  # noqa: S310
-            script = response.read().decode()
-        result = run_script(
-            script,
-            plaintext,
-            *("--prefix", str(prefix), "--no-systemd", "--runtime", "mock", "--hub", hub),
-            tmp=tmp_path,
-            token=None,
-            timeout_s=120,
-        )
+    hub = refusing_hub
+    with urllib.request.urlopen(f"{hub}/install.sh", timeout=30) as response:  # noqa: S310
+        script = response.read().decode()
+    result = run_script(
+        script,
+        plaintext,
+        *("--prefix", str(prefix), "--no-systemd", "--runtime", "mock", "--hub", hub),
+        tmp=tmp_path,
+        token=None,
+        timeout_s=120,
+    )
     words = {
         "used": "already used",
         "expired": "has expired",
