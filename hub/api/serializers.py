@@ -176,6 +176,20 @@ class OfferQuerySerializer(serializers.Serializer):
         help_text='Offers per page. A `Link: <...>; rel="next"` header names the next page.',
     )
     offset = serializers.IntegerField(required=False, default=0, min_value=0, max_value=1_000_000)
+    after = serializers.CharField(
+        required=False,
+        default="",
+        allow_blank=True,
+        max_length=400,
+        help_text="The page after the row this cursor names: the `Link` header's next page"
+        " carries it for the `price`, `-price` and `model` sorts (deep pages cost no more than"
+        " the first); other sorts page by `offset`.",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs.get("after") and attrs.get("offset"):
+            raise serializers.ValidationError({"after": "give after or offset, not both"})
+        return attrs
 
 
 class OfferSerializer(serializers.Serializer):

@@ -172,29 +172,39 @@ class OfferList(APIView):
     def get(self, request: Request) -> Response:
         query = _valid(s.OfferQuerySerializer, request.query_params)
         max_price = query.get("max_price")
-        found = offers.list_offers(
-            model=query.get("model", ""),
-            min_vram_bytes=query.get("min_vram_gib", 0) * GIB,
-            max_price_micros=None if max_price is None else micros_from_units(max_price),
-            sort=query["sort"],
-            host=offers.HostFilters(
-                location=query.get("location", "").strip(),
-                min_cpus=query.get("min_cpus", 0),
-                min_ram_bytes=query.get("min_ram_gib", 0) * GIB,
-                min_disk_bytes=query.get("min_disk_gib", 0) * GIB,
-                min_cuda=query.get("min_cuda", ""),
-                max_rtt_ms=query.get("max_rtt_ms"),
-                min_uptime=query.get("min_uptime_pct", 0) / 100,
-            ),
-            num_gpus=query["num_gpus"],
-            limit=query["limit"] + 1,  # one more: is there a next page?
-            offset=query["offset"],
-        )
-        response = Response(s.OfferSerializer(found[: query["limit"]], many=True).data)
+        try:
+            found = offers.list_offers(
+                model=query.get("model", ""),
+                min_vram_bytes=query.get("min_vram_gib", 0) * GIB,
+                max_price_micros=None if max_price is None else micros_from_units(max_price),
+                sort=query["sort"],
+                host=offers.HostFilters(
+                    location=query.get("location", "").strip(),
+                    min_cpus=query.get("min_cpus", 0),
+                    min_ram_bytes=query.get("min_ram_gib", 0) * GIB,
+                    min_disk_bytes=query.get("min_disk_gib", 0) * GIB,
+                    min_cuda=query.get("min_cuda", ""),
+                    max_rtt_ms=query.get("max_rtt_ms"),
+                    min_uptime=query.get("min_uptime_pct", 0) / 100,
+                ),
+                num_gpus=query["num_gpus"],
+                limit=query["limit"] + 1,  # one more: is there a next page?
+                offset=query["offset"],
+                after=query["after"],
+            )
+        except offers.CursorError as exc:
+            raise ValidationError({"after": [str(exc)]}) from None
+        page = found[: query["limit"]]
+        response = Response(s.OfferSerializer(page, many=True).data)
         if len(found) > query["limit"]:
             following = request.query_params.copy()
-            following["offset"] = str(query["offset"] + query["limit"])
             following["limit"] = str(query["limit"])
+            cursor = offers.cursor_after(page[-1], query["sort"])
+            if cursor is not None:
+                following.pop("offset", None)
+                following["after"] = cursor
+            else:
+                following["offset"] = str(query["offset"] + query["limit"])
             url = request.build_absolute_uri(f"{request.path}?{following.urlencode()}")
             response["Link"] = f'<{url}>; rel="next"'
         return response

@@ -2,23 +2,80 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from dataclasses import dataclass
 
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, Exists, F, Field, Func, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models.lookups import GreaterThan, LessThan
 
 from hub.catalog.uptime import UPTIME_WINDOW, uptime
 from hub.leases.models import LeaseGpu
 from hub.lib.versions import version_number
 from hub.suppliers.models import Gpu, Host
 
-__all__ = ["UPTIME_WINDOW", "HostFilters", "Offer", "list_offers", "market_summary", "uptime"]
+__all__ = [
+    "UPTIME_WINDOW",
+    "CursorError",
+    "HostFilters",
+    "Offer",
+    "cursor_after",
+    "list_offers",
+    "market_summary",
+    "uptime",
+]
 
 SORTS = {
     "price": ("price_per_hour_micros", "pk"),
-    "-price": ("-price_per_hour_micros", "pk"),
+    "-price": ("-price_per_hour_micros", "-pk"),
     "vram": ("-memory_total_bytes", "price_per_hour_micros", "pk"),
     "model": ("name", "price_per_hour_micros", "pk"),
 }
+# Sorts whose keys all run one way: a page can start after a row by comparing rows, (key, id)
+# > (last key, last id), which reads the index from there instead of skipping an offset.
+KEYSET = {
+    "price": (("price_per_hour_micros", int), ("id", int)),
+    "-price": (("price_per_hour_micros", int), ("id", int)),
+    "model": (("name", str), ("price_per_hour_micros", int), ("id", int)),
+}
+
+
+class CursorError(ValueError):
+    """``after`` is not a cursor of this sort (the words are the API's)."""
+
+
+def cursor_after(offer: Offer, sort: str) -> str | None:
+    """The ``after`` that starts the page following ``offer`` (None: this sort has none)."""
+    if sort not in KEYSET:
+        return None
+    values: dict[str, object] = {
+        "price_per_hour_micros": offer.price_per_hour_micros,
+        "id": offer.gpu_id,
+        "name": offer.model,
+    }
+    row = [values[name] for name, _ in KEYSET[sort]]
+    return base64.urlsafe_b64encode(json.dumps(row).encode()).decode().rstrip("=")
+
+
+def _after(gpus: QuerySet[Gpu], sort: str, cursor: str) -> QuerySet[Gpu]:
+    keys = KEYSET.get(sort)
+    if keys is None:
+        raise CursorError(f"sort {sort!r} pages by offset, not by cursor")
+    try:
+        row = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except (ValueError, TypeError):
+        raise CursorError("not a cursor from a Link header") from None
+    if (
+        not isinstance(row, list)
+        or len(row) != len(keys)
+        or any(type(v) is not kind for v, (_, kind) in zip(row, keys, strict=False))
+    ):
+        raise CursorError("not a cursor of this sort")
+    # A row value has no one Django type: any field will do, nothing is converted.
+    columns = Func(*(F(name) for name, _ in keys), function="ROW", output_field=Field())
+    values = Func(*(Value(v) for v in row), function="ROW", output_field=Field())
+    compare = LessThan if sort.startswith("-") else GreaterThan
+    return gpus.filter(compare(columns, values))
 
 
 @dataclass(frozen=True)
@@ -141,9 +198,11 @@ def list_offers(
     num_gpus: int = 1,
     limit: int | None = None,
     offset: int = 0,
+    after: str = "",
 ) -> list[Offer]:
-    """The offers in order, ``limit`` of them from ``offset`` (all without a limit: only for
-    small markets and tests; pages and the API always pass one)."""
+    """The offers in order, ``limit`` of them from ``offset`` or after the row ``after``
+    names (``cursor_after``); all without a limit: only for small markets and tests, pages
+    and the API always pass one. Raises CursorError for a cursor that is not one."""
     gpus = available_gpus(
         model=model,
         min_vram_bytes=min_vram_bytes,
@@ -152,6 +211,8 @@ def list_offers(
         host=host,
         num_gpus=num_gpus,
     )
+    if after:
+        gpus = _after(gpus, sort, after)
     page = gpus[offset : offset + limit] if limit is not None else gpus[offset:]
     return [_offer(g, num_gpus) for g in page]
 

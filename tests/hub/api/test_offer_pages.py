@@ -5,6 +5,7 @@ The figure at 10,000 hosts is bench/offers_scale.py's."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -34,26 +35,52 @@ def _gpu_ids(response: Any) -> list[int]:
     return [o["gpu_id"] for o in response.json()]
 
 
-def test_the_api_pages_offers_with_a_link_to_the_next(api: APIClient) -> None:
-    for price in (300_000, 100_000, 200_000):
-        _host(2, price)
-    everything = _gpu_ids(api.get("/api/v1/offers/"))
-    assert len(everything) == 6
-    seen, url = [], "/api/v1/offers/?limit=4&model="
-    pages = 0
+def _walk(api: APIClient, url: str) -> tuple[list[int], list[str]]:
+    """Every page from ``url`` by the Link headers: the GPU ids in order, and the links."""
+    seen, links = [], []
     while url:
         response = api.get(url)
         seen += _gpu_ids(response)
-        pages += 1
         link = response.get("Link", "")
         url = link[1 : link.index(">")] if link else ""
         if url:
             assert link.endswith('rel="next"')
-            assert "model=" in url  # the filters travel with it
-    assert pages == 2
-    assert seen == everything  # in order, none twice, none lost
-    assert api.get("/api/v1/offers/?limit=1001").status_code == 400
-    assert api.get("/api/v1/offers/?offset=-1").status_code == 400
+            links.append(url)
+    return seen, links
+
+
+@pytest.mark.parametrize(
+    ("sort", "paged_by"),
+    [("price", "after="), ("-price", "after="), ("model", "after="), ("vram", "offset=")],
+)
+def test_the_api_pages_offers_with_a_link_to_the_next(
+    api: APIClient, sort: str, paged_by: str
+) -> None:
+    for price in (300_000, 100_000, 200_000, 100_000):
+        _host(2, price)
+    everything = _gpu_ids(api.get(f"/api/v1/offers/?sort={sort}"))
+    assert len(everything) == 8
+    seen, links = _walk(api, f"/api/v1/offers/?limit=3&model=&sort={sort}")
+    assert seen == everything  # in order, none twice, none lost (ties on price included)
+    assert len(links) == 2
+    for link in links:
+        assert paged_by in link
+        assert "model=" in link  # the filters travel with it
+
+
+def test_a_cursor_that_is_not_one_is_a_400(api: APIClient) -> None:
+    _host(2, 100_000)
+    for query, words in [
+        ("?after=bm90LWpzb24", "not a cursor"),
+        ("?after=WzEsMl0&sort=model", "not a cursor of this sort"),
+        ("?after=WzEsMl0&sort=vram", "pages by offset"),
+        ("?after=WzEsMl0&offset=3", "not both"),
+        ("?limit=1001", "1000"),
+        ("?offset=-1", "0"),
+    ]:
+        response = api.get(f"/api/v1/offers/{query}")
+        assert response.status_code == 400, query
+        assert words in json.dumps(response.json()), (query, response.json())
 
 
 def test_num_gpus_keeps_hosts_with_that_many_free_together_and_totals_the_price(
