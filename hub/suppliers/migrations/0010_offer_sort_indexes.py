@@ -4,18 +4,27 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('suppliers', '0009_offers_at_scale'),
+        ("suppliers", "0009_offers_at_scale"),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='gpu',
-            index=models.Index(models.OrderBy(models.F('memory_total_bytes'), descending=True), models.F('price_per_hour_micros'), models.F('id'), condition=models.Q(('listed', True), ('present', True), ('priced', True)), name='gpu_offer_by_vram'),
+            model_name="gpu",
+            index=models.Index(
+                models.OrderBy(models.F("memory_total_bytes"), descending=True),
+                models.F("price_per_hour_micros"),
+                models.F("id"),
+                condition=models.Q(("listed", True), ("present", True), ("priced", True)),
+                name="gpu_offer_by_vram",
+            ),
         ),
         migrations.AddIndex(
-            model_name='gpu',
-            index=models.Index(condition=models.Q(('listed', True), ('present', True), ('priced', True)), fields=['name', 'price_per_hour_micros', 'id'], name='gpu_offer_by_model'),
+            model_name="gpu",
+            index=models.Index(
+                condition=models.Q(("listed", True), ("present", True), ("priced", True)),
+                fields=["name", "price_per_hour_micros", "id"],
+                name="gpu_offer_by_model",
+            ),
         ),
     ]
