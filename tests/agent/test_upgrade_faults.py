@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 
 from supplier_agent import __version__
+from supplier_agent.protocol import Upgrade
+from supplier_agent.upgrade import ROLLBACK_RECORD
 from tests.agent import test_upgrade
 from tests.agent.test_upgrade import Build, Site, Wheel, _build_wheel, _run
 from tests.support.agents import AGENT, agent_env
@@ -391,6 +393,57 @@ def test_a_version_that_dies_in_run_is_rolled_back_after_the_restart(
 
     registers = site.hub.wait(registered, what="the old version registering")
     assert {m.agent_version for m in registers} == {__version__}
+
+
+# --- issue 37: a hub rollout's upgrade under systemd outlives the agent that started it --------
+
+
+def test_a_rollout_s_upgrade_under_systemd_restarts_the_unit_and_finishes_its_watch(
+    site: Site, build: Build, fake_systemd: Path
+) -> None:
+    """The agent runs "under systemd" (INVOCATION_ID set; the fake systemctl is its unit).
+    Told to upgrade over its socket, it starts `cloudgpu-agent upgrade`, whose restart stops
+    the agent; the upgrade must live on through that, watch the new version's health window and
+    finish. (Started as an asyncio subprocess it was killed at the old agent's loop close on
+    Pythons with a pidfd child watcher, 3.12 on; on this suite's 3.11 that way passes too, so
+    this guards the systemd path as a whole, and self_upgrade.py says why it uses Popen.)"""
+    site.releases.publish(build.good)
+    site.hub.release_json = (site.releases.root / "release.json").read_text()
+    site.env["INVOCATION_ID"] = "fake-unit-invocation"
+    site.env["CLOUDGPU_ROLLOUT_HEALTH_WINDOW_S"] = "2"
+    # The unit's first start, in a namespace where systemd "runs": the agent and whatever it
+    # starts stay in it after this returns.
+    started = _with_systemd(site, "systemctl", "restart")
+    assert started.returncode == 0, started.stderr
+    first = site.hub.wait_for_connection()
+    site.hub.wait_for(first, "register", lambda m: not m.probe, timeout_s=60)
+    rollout = "6f1c1c3e-1b1a-4f0e-9a51-2c3c1c1c1c1c"
+    site.hub.send(first, Upgrade(rollout_id=rollout, version=test_upgrade.GOOD_VERSION))
+    site.hub.wait_for(first, "upgrade_status", lambda m: m.state == "started")
+
+    def new_version_registered() -> object:
+        return next(
+            (
+                m
+                for c in site.hub.connections
+                for m in c.received
+                if getattr(m, "TYPE", "") == "register"
+                and not m.probe
+                and m.agent_version == test_upgrade.GOOD_VERSION
+            ),
+            None,
+        )
+
+    site.hub.wait(new_version_registered, timeout_s=300, what="the new version registering")
+    log = site.state / "upgrade.log"
+    site.hub.wait(
+        lambda: "upgrade: done" in log.read_text(), timeout_s=120, what="the upgrade's end"
+    )
+    assert "watching it for 2 s" in log.read_text()
+    assert os.readlink(site.link) == f"venvs/{test_upgrade.GOOD_VERSION}"
+    assert (fake_systemd / "calls").read_text().split() == ["restart", "restart"]
+    record = json.loads((site.prefix / ROLLBACK_RECORD).read_text())
+    assert record == {"version": __version__, "path": str(build.old_venv)}
 
 
 # --- issue 34, 4: --no-systemd tries `run` before the switch; no systemd is refused up front ----

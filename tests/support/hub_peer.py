@@ -42,6 +42,9 @@ class HubPeer:
         self.behaviour = behaviour
         self.desired_claims: list[str] | None = None  # None: keep whatever the agent reports
         self.connections: list[PeerConnection] = []
+        # Served at /agent/release.json when set, as the hub serves its release (an agent's
+        # own upgrade fetches it from its hub's URL).
+        self.release_json: str | None = None
         self.rejected_handshakes = 0
         self._cond = threading.Condition()
         self._loop = asyncio.new_event_loop()
@@ -78,6 +81,8 @@ class HubPeer:
         await self._server.wait_closed()
 
     def _check_token(self, connection: ServerConnection, request: Any) -> Any:
+        if request.path == "/agent/release.json" and self.release_json is not None:
+            return connection.respond(200, self.release_json)
         if request.headers.get("Authorization") != f"Bearer {self.token}":
             with self._cond:
                 self.rejected_handshakes += 1
