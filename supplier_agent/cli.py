@@ -516,6 +516,7 @@ def cmd_run(
             return EXIT_USAGE if isinstance(exc, metrics.MetricsSetupError) else EXIT_ERROR
 
     snapshots = profiling.start()
+    signalled: list[int] = []
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -523,6 +524,7 @@ def cmd_run(
         profiling.on_sigusr2(loop, snapshots)
 
         def on_signal(signum: int) -> None:
+            signalled.append(signum)  # a stop asked for wins over a pending re-exec
             if stop.is_set():
                 logging.getLogger("cloudgpu.agent").error("second signal: exiting now")
                 os._exit(EXIT_ERROR)
@@ -552,7 +554,7 @@ def cmd_run(
     finally:
         if metrics_server is not None:
             metrics_server.shutdown()
-    if agent.reexec_argv:
+    if agent.reexec_argv and not signalled:
         # A rollout switched the prefix without systemd to restart us (self_upgrade.py): the
         # state lock and claims' fds are not inherited, the new version takes them again.
         logging.getLogger("cloudgpu.agent").info("exec %s", " ".join(agent.reexec_argv))
