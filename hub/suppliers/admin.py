@@ -108,7 +108,8 @@ class HostAdmin(admin.ModelAdmin):
         "location",
         "last_seen",
     )
-    list_filter = ("status", "maintenance", "runtime", "location")
+    # agent_version: the fleet page's versions table links each version to its hosts here.
+    list_filter = ("status", "maintenance", "runtime", "location", "agent_version")
     actions = ("drain", "undrain")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Host]:

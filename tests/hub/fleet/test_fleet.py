@@ -122,6 +122,12 @@ def test_the_fleet_page_counts_hosts_per_agent_version_and_flags_those_behind(
     html = staff_client.get(FLEET).content.decode()
     assert '<td data-version-hosts="0.0.1">2</td>' in html
     assert f"behind this hub&#x27;s {current}" in html or f"behind this hub's {current}" in html
+    # Each version links to its hosts in the admin's list (each host's version).
+    staff = f.make_user("root", is_staff=True, is_superuser=True)
+    staff_client.force_login(staff)
+    hosts = staff_client.get("/admin/suppliers/host/?agent_version=0.0.1").content.decode()
+    assert "?agent_version=0.0.1" in html
+    assert "2 hosts" in hosts
 
 
 def test_anyone_else_is_sent_to_the_admin_login(client: Client) -> None:
