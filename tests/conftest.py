@@ -241,6 +241,10 @@ def state_dir() -> Iterator[Path]:
     try:
         yield parent / "state"
     finally:
+        from tests.support.runner_process import remove_moved_folders
+
+        # What a runner on it kept outside it (a /tmp state breaks sshd's rules) goes too.
+        remove_moved_folders(parent / "state")
         shutil.rmtree(parent, ignore_errors=True)
 
 

@@ -3,7 +3,6 @@ the tunnel gateway (sshd + nginx) and the demo agent."""
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import re
@@ -25,13 +24,12 @@ import httpx
 import psutil
 import pytest
 
-from hub.lib.embedded import SHARED_PGINSTALL_DIR
 from hub.lib.ports import free_port
 from supplier_agent.containers import LABEL_LEASE
 from tests.support.gateway import require_gateway
 from tests.support.polling import wait_for
 from tests.support.processes import REPO_ROOT
-from tests.support.runner_process import stop
+from tests.support.runner_process import remove_moved_folders, stop
 
 # Whatever points the tests at external services must not reach the runner: it has to start
 # its own embedded ones.
@@ -194,7 +192,7 @@ def test_runner_serves_keeps_its_data_restarts_dead_children_and_leaves_no_proce
             state_dir, new_password
         )
     finally:
-        _remove_moved_folders(state_dir)
+        remove_moved_folders(state_dir)
 
 
 def _first_run_serves_the_hub_and_leaves_no_process_behind(state_dir: Path) -> str:
@@ -368,18 +366,7 @@ def _clone_state_under_tmp() -> Iterator[Path]:
         yield state
     finally:
         shutil.rmtree(parent, ignore_errors=True)
-        _remove_moved_folders(state)
-
-
-def _remove_moved_folders(state: Path) -> None:
-    """The gateway's files and the cluster that the runner keeps in the system folder for a
-    state folder that sshd or cloudgpu-pg cannot use: the state folder's own clean-up does not
-    reach them. Each is named for a digest of its own folder's path in the state folder
-    (hub/lib/demo_gateway.py, hub/lib/embedded.py's _cluster_root)."""
-    state = state.resolve()
-    for prefix, path in (("gateway", state), ("postgres", state / "postgres")):
-        digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
-        shutil.rmtree(SHARED_PGINSTALL_DIR / f"{prefix}-{digest}", ignore_errors=True)
+        remove_moved_folders(state)
 
 
 def _sign_in_renter(client: httpx.Client, run: Runner) -> None:

@@ -4,6 +4,8 @@ once /healthz answers, stopped with Ctrl-C (then killed) after."""
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from hub.lib.embedded import SHARED_PGINSTALL_DIR
 from tests.support import hub_stack
 from tests.support.hub_stack import FAST_TIMINGS
 from tests.support.polling import wait_for
@@ -72,3 +75,14 @@ def stop(process: subprocess.Popen[str], reader: threading.Thread) -> None:
     reader.join(timeout=10)
     if process.stdout is not None:
         process.stdout.close()
+
+
+def remove_moved_folders(state: Path) -> None:
+    """The gateway's files and the cluster that the runner keeps in the system folder for a
+    state folder that sshd or cloudgpu-pg cannot use: the state folder's own clean-up does not
+    reach them. Each is named for a digest of its own folder's path in the state folder
+    (hub/lib/demo_gateway.py, hub/lib/embedded.py's _cluster_root)."""
+    state = state.resolve()
+    for prefix, path in (("gateway", state), ("postgres", state / "postgres")):
+        digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+        shutil.rmtree(SHARED_PGINSTALL_DIR / f"{prefix}-{digest}", ignore_errors=True)
