@@ -35,7 +35,7 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
-	$(BIN)/mypy supplier_agent hub/lib
+	$(BIN)/mypy supplier_agent hub/lib cli/cloudgpu_cli
 
 format: venv
 	$(BIN)/ruff format .
