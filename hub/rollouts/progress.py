@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max, Q
+from django.db.models import Count, Max, Q, QuerySet
 from django.utils import timezone
 
 from hub.leases.models import Lease
@@ -179,25 +179,27 @@ def _observe_row(
     return True
 
 
-def _wave_rows(rollout: Rollout) -> list[RolloutHost]:
-    return list(
-        RolloutHost.objects.select_related("host").filter(rollout=rollout, wave=rollout.wave)
-    )
+def _wave(rollout: Rollout) -> QuerySet[RolloutHost]:
+    return RolloutHost.objects.filter(rollout=rollout, wave=rollout.wave)
 
 
 def _verdict(rollout: Rollout, now: datetime) -> str | None:
-    """Why the wave under way must stop, or None."""
-    tried = [r for r in _wave_rows(rollout) if r.state in TRIED_STATES]
-    failed = [r for r in tried if r.state in FAILED_STATES]
+    """Why the wave under way must stop, or None. Counted in SQL: a wave may be thousands."""
+    counts = _wave(rollout).aggregate(
+        tried=Count("pk", filter=Q(state__in=TRIED_STATES)),
+        failed=Count("pk", filter=Q(state__in=FAILED_STATES)),
+    )
+    tried, failed = counts["tried"], counts["failed"]
     if not failed:
         return None
-    rate = len(failed) / len(tried)
+    rate = failed / tried
     others = _others_offline_rate(rollout, rollout.wave_started_at or now)
     if (rate - others) * 100 <= settings.ROLLOUT_MAX_FAILURE_PERCENT:
         return None
-    examples = "; ".join(f"{r.host.label}: {r.detail}" for r in failed[:3])
+    first = _wave(rollout).filter(state__in=FAILED_STATES).select_related("host").order_by("pk")
+    examples = "; ".join(f"{r.host.label}: {r.detail}" for r in first[:3])
     return (
-        f"wave {rollout.wave}: {len(failed)} of {len(tried)} hosts failed ({examples}), "
+        f"wave {rollout.wave}: {failed} of {tried} hosts failed ({examples}), "
         f"against {others:.0%} of the other hosts offline meanwhile"
     )
 
@@ -223,13 +225,13 @@ def _stop_wave(rollout: Rollout, reason: str) -> None:
     rollout.state, rollout.reason, rollout.self_paused = Rollout.State.PAUSED, reason, True
     rollout.save(update_fields=["state", "reason", "self_paused"])
     log.warning("rollout of %s paused: %s", rollout.version, reason)
-    for row in _wave_rows(rollout):
-        if row.host.agent_version != rollout.version or not row.from_version:
-            continue  # never switched (or nothing known to go back to)
-        if row.state not in (State.SENT, State.UPGRADED, State.FAILED):
-            continue
-        row.state, row.sent_at = State.ROLLING_BACK, None
-        row.save(update_fields=["state", "sent_at", "updated_at"])
+    # The hosts that run the version (never switched, or nothing known to go back to: stay).
+    _wave(rollout).filter(
+        state__in=(State.SENT, State.UPGRADED, State.FAILED),
+        host__agent_version=rollout.version,
+    ).exclude(from_version="").update(
+        state=State.ROLLING_BACK, sent_at=None, updated_at=timezone.now()
+    )
     _send_rollbacks(rollout, timezone.now())
 
 
@@ -247,13 +249,13 @@ def _send_rollbacks(rollout: Rollout, now: datetime) -> None:
 
 
 def _settled(rollout: Rollout, now: datetime) -> bool:
+    """Nobody in the wave still upgrading or watched."""
     observe_from = now - timedelta(seconds=settings.ROLLOUT_OBSERVE_S)
-    for row in _wave_rows(rollout):
-        if row.state == State.SENT:
-            return False
-        if row.state == State.UPGRADED and row.upgraded_at > observe_from:
-            return False
-    return True
+    return (
+        not _wave(rollout)
+        .filter(Q(state=State.SENT) | Q(state=State.UPGRADED, upgraded_at__gt=observe_from))
+        .exists()
+    )
 
 
 def _send_pending(rollout: Rollout, upto_wave: int, now: datetime) -> None:

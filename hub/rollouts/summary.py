@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from django.db.models import Count
+
 from hub.rollouts.models import Rollout, RolloutHost
 
 TABLE_ROWS = 20
@@ -35,12 +37,14 @@ def latest() -> RolloutView | None:
         return None
     rows = RolloutHost.objects.filter(rollout=rollout)
     counts = Counter(dict.fromkeys(RolloutHost.State.values, 0))
-    counts.update(rows.values_list("state", flat=True))
     per_wave: dict[int, list[int]] = {}
-    for wave, state in rows.values_list("wave", "state"):
+    # One grouped query gives both tables: (wave, state) -> hosts.
+    grouped = rows.order_by().values_list("wave", "state").annotate(n=Count("pk"))
+    for wave, state, n in grouped:
+        counts[state] += n
         entry = per_wave.setdefault(wave, [0, 0])
-        entry[0] += 1
-        entry[1] += state == RolloutHost.State.UPGRADED
+        entry[0] += n
+        entry[1] += n if state == RolloutHost.State.UPGRADED else 0
     notable = sorted(
         rows.filter(state__in=NOTABLE).select_related("host")[: TABLE_ROWS * 5],
         key=lambda r: (NOTABLE.index(r.state), r.wave, r.host_id),
