@@ -44,8 +44,17 @@ def longest_first(items: list[pytest.Item]) -> None:
     for item in items:
         by_module.setdefault(module_of[id(item)], []).append(item)
     weight = {module: _weight(module, members) for module, members in by_module.items()}
+    # pytest-django's sort (database tests before transactional ones) may have split a module
+    # in two: each module goes where its first test was.
+    first = {module: n for n, module in enumerate(by_module)}  # by_module keeps first-seen order
     position = {id(item): n for n, item in enumerate(items)}
-    items.sort(key=lambda item: (weight[module_of[id(item)]], position[id(item)]))
+    items.sort(
+        key=lambda item: (
+            weight[module_of[id(item)]],
+            first[module_of[id(item)]],
+            position[id(item)],
+        )
+    )
 
 
 # Last: after tests/conftest.py has put the lane markers on, and after pytest-django's own sort
