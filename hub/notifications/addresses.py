@@ -122,6 +122,17 @@ def check_url(url: str) -> None:
         raise EndpointRefused("webhooks cannot go to loopback addresses")
 
 
+def lookup(host: str, port: int) -> list[str]:
+    """Every address ``host`` resolves to now (none when it does not). The one place a name
+    is resolved: tests that need a name of their own answer it here."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError, OSError) as exc:
+        log.info("webhook host %s does not resolve: %s", host, exc)
+        return []
+    return [str(info[4][0]).split("%", 1)[0] for info in infos]
+
+
 def resolve(url: str) -> Target:
     """The checked address to deliver ``url`` to, resolving its name now. Every address the
     name has must be allowed: one private answer among public ones refuses it."""
@@ -135,12 +146,7 @@ def resolve(url: str) -> Target:
         addresses: list[IPAddress] = [literal]
     else:
         host = ascii_host(host)
-        try:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except (socket.gaierror, UnicodeError, OSError) as exc:
-            log.info("webhook host %s does not resolve: %s", host, exc)
-            infos = []
-        addresses = [ipaddress.ip_address(info[4][0].split("%", 1)[0]) for info in infos]
+        addresses = [ipaddress.ip_address(a) for a in lookup(host, port)]
     problems = [p for p in map(address_problem, addresses) if p] if addresses else ["none"]
     if problems:
         # The same words for "no answer" and "a private answer", and no address: the

@@ -29,7 +29,7 @@ class EventAdmin(_ViewOnly):
     date_hierarchy = "created_at"
     fields = (
         "id", "account", "kind", "data", "created_at", "due_at", "state", "done_at",
-        "email_state", "email_attempts", "email_error",
+        "webhooks_made", "email_state", "email_attempts", "email_error",
     )  # fmt: skip
     readonly_fields = fields
 

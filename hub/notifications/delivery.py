@@ -146,4 +146,7 @@ def batch_seconds(count: int) -> float:
 def post_all(requests: list[Request]) -> list[Outcome]:
     if not requests:
         return []
-    return asyncio.run(_post_all(requests))
+    # A loop of its own, never set as the thread's: asyncio.run() would unset the thread's loop
+    # on its way out, and a caller's loop (a test process's) would then be collected unclosed.
+    with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
+        return runner.run(_post_all(requests))

@@ -1,7 +1,8 @@
 """Each event's email, through Django's email framework (EMAIL_BACKEND: the console under
 `make run`, SMTP in production), in plain text and HTML, with a one-click unsubscribe link
-(RFC 8058 headers, so mail clients offer it too). No secret is ever in a mail: events carry
-ids, names and amounts, and a token's notice names only its prefix."""
+(RFC 8058 headers, so mail clients offer it too) except on security notices, which cannot be
+turned off. No secret is ever in a mail: events carry ids, names and amounts, a token's notice
+names only its prefix and an endpoint's only its host (a webhook URL's path may hold a key)."""
 
 from __future__ import annotations
 
@@ -40,32 +41,41 @@ def read_unsubscribe_token(token: str) -> tuple[int, str] | None:
 def wanted(user: AbstractUser, kind: str) -> bool:
     if not user.email or not user.is_active:
         return False
+    if not KINDS[kind].can_mute:
+        return True  # even if muted before security notices could not be
     prefs = NotificationSettings.objects.filter(user=user).first()
     return prefs is None or kind not in prefs.email_muted
 
 
 def message(event: Event, user: AbstractUser) -> EmailMultiAlternatives:
     base = settings.HUB_PUBLIC_URL
+    can_mute = KINDS[event.kind].can_mute
     unsubscribe_url = f"{base}/notifications/unsubscribe/{unsubscribe_token(user.pk, event.kind)}/"
+    headers = {
+        # RFC 3834: no auto-replies (vacation notices) to the sender.
+        "Auto-Submitted": "auto-generated",
+        "X-CloudGPU-Event-Id": str(event.id),
+        "X-CloudGPU-Event-Type": event.kind,
+    }
+    if can_mute:
+        headers |= {
+            "List-Unsubscribe": f"<{unsubscribe_url}>",
+            "List-Unsubscribe-Post": "List-Unsubscribe=One-Click",
+        }
     context = {
         "user": user,
         "subject": wording.subject(event),
         "title": KINDS[event.kind].title,
         "lines": wording.lines(event),
         "page_url": base + wording.page(event),
-        "unsubscribe_url": unsubscribe_url,
+        "unsubscribe_url": unsubscribe_url if can_mute else "",
         "settings_url": base + SETTINGS_PATH,
     }
     mail = EmailMultiAlternatives(
         subject=context["subject"],
         body=render_to_string("notifications/email.txt", context),
         to=[user.email],
-        headers={
-            "List-Unsubscribe": f"<{unsubscribe_url}>",
-            "List-Unsubscribe-Post": "List-Unsubscribe=One-Click",
-            "X-CloudGPU-Event-Id": str(event.id),
-            "X-CloudGPU-Event-Type": event.kind,
-        },
+        headers=headers,
     )
     mail.attach_alternative(render_to_string("notifications/email.html", context), "text/html")
     return mail

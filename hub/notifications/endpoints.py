@@ -1,8 +1,10 @@
-"""An account's webhook endpoints: add, change, rotate the secret, remove, send a test."""
+"""An account's webhook endpoints: add (told to the account as a security notice), change,
+rotate the secret, remove, send a test."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from urllib.parse import urlsplit
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractUser
@@ -11,6 +13,7 @@ from django.utils import timezone
 
 from hub.celery import app as celery_app
 from hub.notifications import addresses, signing
+from hub.notifications.events import emit
 from hub.notifications.kinds import KINDS, TEST_KIND
 from hub.notifications.models import Event, WebhookDelivery, WebhookEndpoint
 from hub.notifications.tasks import DELIVER_TASK
@@ -43,13 +46,26 @@ def add(
         get_user_model().objects.select_for_update().filter(pk=user.pk).first()
         if WebhookEndpoint.objects.filter(account=user).count() >= MAX_ENDPOINTS:
             raise EndpointError(f"an account has at most {MAX_ENDPOINTS} webhook endpoints")
-        return WebhookEndpoint.objects.create(
+        endpoint = WebhookEndpoint.objects.create(
             account=user,
             url=url,
             description=description.strip()[:100],
             kinds=_kinds(kinds),
             secret=signing.new_secret(),
         )
+        # An endpoint receives every event of the account: one added by someone else (a
+        # stolen session) is as much a way in as a new token. The host only: a webhook URL's
+        # path or query often holds the receiver's own key.
+        emit(
+            user.pk,
+            "security.webhook_added",
+            {
+                "endpoint": endpoint.pk,
+                "host": urlsplit(url).hostname or "?",
+                "kinds": endpoint.kinds or "every kind",
+            },
+        )
+    return endpoint
 
 
 def update(
@@ -68,16 +84,22 @@ def rotate_secret(endpoint: WebhookEndpoint) -> str:
 
 
 def send_test(endpoint: WebhookEndpoint) -> WebhookDelivery:
-    """A ``webhook.test`` event for this endpoint alone, posted at once."""
+    """A ``webhook.test`` event for this endpoint alone, posted by the worker's next run and
+    tried once (no retries): its answer shows in the delivery log."""
+    if not endpoint.enabled:
+        raise EndpointError("this endpoint is disabled: enable it to send a test event")
     now = timezone.now()
     with transaction.atomic():
         # One at a time: a script pressing the button cannot queue a backlog that would take
-        # every batch's places of this endpoint.
+        # every batch's places of this endpoint. A test is pending only until its one try.
         waiting = WebhookDelivery.objects.filter(
             endpoint=endpoint, event__kind=TEST_KIND, state=WebhookDelivery.State.PENDING
         )
         if waiting.exists():
-            raise EndpointError("a test event is already on its way to this endpoint")
+            raise EndpointError(
+                "a test event is already on its way to this endpoint: its result shows in the "
+                "delivery log within seconds"
+            )
         event = Event.objects.create(
             account=endpoint.account,
             kind=TEST_KIND,
@@ -88,6 +110,7 @@ def send_test(endpoint: WebhookEndpoint) -> WebhookDelivery:
             due_at=now,
             state=Event.State.DONE,
             done_at=now,
+            webhooks_made=True,
             email_state=Event.EmailState.SKIPPED,
         )
         made = WebhookDelivery.objects.create(event=event, endpoint=endpoint, next_attempt_at=now)

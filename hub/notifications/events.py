@@ -56,13 +56,14 @@ def emit(account_id: int, kind: str, data: dict[str, Any], now: datetime | None 
             window = timedelta(seconds=settings.NOTIFY_COALESCE_S)
             open_event = (
                 Event.objects.select_for_update()
-                # Not one a sweep already took up (its email failed and waits for a retry):
-                # its deliveries are made, and its receivers would never see a later item.
+                # Not one a sweep already took up (its deliveries made, or its email failed
+                # and waits for a retry): its receivers would never see a later item.
                 .filter(
                     account_id=account_id,
                     kind=kind,
                     state=Event.State.PENDING,
                     due_at__gt=now,
+                    webhooks_made=False,
                     email_attempts=0,
                 )
                 .order_by("created_at")

@@ -12,6 +12,9 @@ class Kind:
     title: str  # for the preferences page and the subject line
     audience: str  # "renter", "supplier" or "everyone": which accounts' pages list it
     coalesce: bool = False  # a burst within NOTIFY_COALESCE_S becomes one event of many items
+    # False for security notices: a stolen session that could mute them could then add a
+    # token or an endpoint unseen, so their email is always sent.
+    can_mute: bool = True
 
 
 KINDS: dict[str, Kind] = {
@@ -30,8 +33,9 @@ KINDS: dict[str, Kind] = {
         Kind("payout.requested", "Payout requested", "supplier"),
         Kind("payout.paid", "Payout paid", "supplier"),
         Kind("payout.refused", "Payout refused", "supplier"),
-        Kind("security.api_token_created", "New API token", "everyone"),
-        Kind("security.ssh_key_added", "New SSH key", "everyone"),
+        Kind("security.api_token_created", "New API token", "everyone", can_mute=False),
+        Kind("security.ssh_key_added", "New SSH key", "everyone", can_mute=False),
+        Kind("security.webhook_added", "New webhook endpoint", "everyone", can_mute=False),
     )
 }
 # Sent only by the account page's "send test event" button, to one endpoint, never by email.

@@ -56,6 +56,8 @@ class Event(models.Model):
     email_state = models.CharField(
         max_length=8, choices=EmailState.choices, default=EmailState.NONE, blank=True
     )
+    # Its webhook deliveries are made (apart from its email, so webhooks never wait on mail).
+    webhooks_made = models.BooleanField(default=False)
     email_attempts = models.PositiveSmallIntegerField(default=0)
     email_error = models.CharField(max_length=300, blank=True)
 

@@ -1,4 +1,5 @@
-"""Celery tasks: send due events (email and webhook deliveries), post due deliveries, prune.
+"""Celery tasks: make due events' webhook deliveries and send their email, post due
+deliveries, prune.
 
 Each is safe to run twice at once: rows are claimed under skip-locked row locks."""
 
@@ -6,19 +7,20 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
+from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any
 
 from celery import shared_task
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Window
-from django.db.models.functions import RowNumber
+from django.db.models import F
 from django.utils import timezone
 
 from hub.celery import app as celery_app
-from hub.notifications import delivery, emails
-from hub.notifications.kinds import KINDS
+from hub.notifications import delivery, mailing, picking
+from hub.notifications.kinds import TEST_KIND
 from hub.notifications.models import Event, WebhookDelivery, WebhookEndpoint
 
 log = logging.getLogger(__name__)
@@ -26,135 +28,93 @@ log = logging.getLogger(__name__)
 DELIVER_TASK = "notifications.deliver_webhooks"
 EVENT_BATCH = 200
 PROCESS_BUDGET_S = 20.0
-DELIVERY_BATCH = delivery.CONCURRENCY
-# One endpoint's backlog (a receiver down for hours) fills at most this much of a batch, so
-# the other endpoints' deliveries go out in the same run.
-PER_ENDPOINT_IN_BATCH = 10
-EMAIL_ATTEMPTS = 5
+DELIVERY_BATCH = picking.LANES[picking.HEALTHY].batch
+PER_ENDPOINT_IN_BATCH = picking.LANES[picking.HEALTHY].per_endpoint
+PER_ACCOUNT_IN_BATCH = picking.LANES[picking.HEALTHY].per_account
 PRUNE_BATCH = 1000
 
 
-def _queue_deliveries() -> None:
+def _queue_deliveries(lane: str = picking.HEALTHY) -> None:
+    kwargs = {"lane": lane} if lane != picking.HEALTHY else {}
     transaction.on_commit(
-        lambda: celery_app.send_task(DELIVER_TASK, ignore_result=True), robust=True
+        lambda: celery_app.send_task(DELIVER_TASK, kwargs=kwargs, ignore_result=True),
+        robust=True,
     )
 
 
 @shared_task(name="notifications.process_events")
 def process_events() -> int:
-    """Email each due event (unless muted) and make its webhook deliveries; how many done."""
-    done = 0
-    # A slow mail server that still answers (each send near EMAIL_TIMEOUT) must not hold the
-    # worker for the whole batch: the next sweep goes on where this one stopped.
+    """Make each due event's webhook deliveries, then email it (unless muted); how many
+    events were handled."""
+    # Webhooks first, and apart from email: a mail server that is down or slow (each try
+    # near EMAIL_TIMEOUT) holds no webhook. The budget bounds the worker's time; the next
+    # sweep goes on where this one stopped.
     stop_at = time.monotonic() + PROCESS_BUDGET_S
-    for _ in range(EVENT_BATCH):
-        if time.monotonic() > stop_at:
+    handled: set[uuid.UUID] = set()
+    while time.monotonic() <= stop_at:
+        made = _make_deliveries()
+        handled.update(made)
+        if len(made) < EVENT_BATCH:
             break
-        outcome = _process_one()
-        if outcome is None:
-            break
-        done += 1
-        if not outcome:
-            # The mail server failed: the rest would wait on it too (EMAIL_TIMEOUT each) and
-            # hold the worker; the next sweep tries again.
-            break
-    return done
+    handled |= mailing.send_due(stop_at)
+    return len(handled)
 
 
-def _process_one() -> bool | None:
-    """One due event: None when there is none, False when its email failed."""
+def _make_deliveries() -> list[uuid.UUID]:
+    """One batch of due events' deliveries, to every enabled endpoint that wants the kind;
+    the events' ids."""
     now = timezone.now()
     with transaction.atomic():
-        event = (
-            Event.objects.select_for_update(skip_locked=True, of=("self",))
-            .select_related("account")
-            .filter(state=Event.State.PENDING, due_at__lte=now)
-            .order_by("due_at")
-            .first()
+        events = list(
+            Event.objects.select_for_update(skip_locked=True)
+            .filter(state=Event.State.PENDING, webhooks_made=False, due_at__lte=now)
+            .order_by("due_at")[:EVENT_BATCH]
         )
-        if event is None:
-            return None
-        endpoints = [
-            e
-            for e in WebhookEndpoint.objects.filter(account_id=event.account_id)
-            if e.wants(event.kind)
+        if not events:
+            return []
+        endpoints: dict[int, list[WebhookEndpoint]] = defaultdict(list)
+        # A deactivated account gets no webhooks (nor email: emails.wanted).
+        for endpoint in WebhookEndpoint.objects.filter(
+            account_id__in={e.account_id for e in events}, enabled=True, account__is_active=True
+        ):
+            endpoints[endpoint.account_id].append(endpoint)
+        rows = [
+            WebhookDelivery(event=event, endpoint=endpoint, next_attempt_at=now)
+            for event in events
+            for endpoint in endpoints[event.account_id]
+            if endpoint.wants(event.kind)
         ]
-        if endpoints:
-            WebhookDelivery.objects.bulk_create(
-                [WebhookDelivery(event=event, endpoint=e, next_attempt_at=now) for e in endpoints],
-                ignore_conflicts=True,  # made on an earlier try whose email failed
-            )
+        WebhookDelivery.objects.bulk_create(rows, ignore_conflicts=True)
+        ids = [event.pk for event in events]
+        Event.objects.filter(pk__in=ids).update(webhooks_made=True)
+        if rows:
             _queue_deliveries()
-        if event.email_state == Event.EmailState.NONE:
-            _email(event, now)
-        if event.email_state != Event.EmailState.NONE:
-            event.state = Event.State.DONE
-            event.done_at = now
-        event.save(
-            update_fields=[
-                "state",
-                "done_at",
-                "due_at",
-                "email_state",
-                "email_attempts",
-                "email_error",
-            ]
-        )
-    return event.state == Event.State.DONE
-
-
-def _email(event: Event, now: datetime) -> None:
-    if event.kind not in KINDS or not emails.wanted(event.account, event.kind):
-        event.email_state = Event.EmailState.SKIPPED
-        return
-    try:
-        emails.message(event, event.account).send()
-    except Exception as exc:  # SMTP refused, timed out, unreachable: try again later
-        event.email_attempts += 1
-        event.email_error = f"{type(exc).__name__}: {exc}"[:300]
-        log.warning(
-            "email for event %s (%s) failed (attempt %d): %s",
-            event.pk,
-            event.kind,
-            event.email_attempts,
-            event.email_error,
-        )
-        if event.email_attempts >= EMAIL_ATTEMPTS:
-            event.email_state = Event.EmailState.FAILED
-        else:
-            event.due_at = now + timedelta(seconds=60 * event.email_attempts)
-        return
-    event.email_state = Event.EmailState.SENT
+    return ids
 
 
 @shared_task(name="notifications.deliver_webhooks")
-def deliver_webhooks() -> int:
-    """Post every due delivery once; how many were tried."""
+def deliver_webhooks(lane: str = picking.HEALTHY) -> int:
+    """Post one batch of ``lane``'s due deliveries; how many were tried. The healthy lane's
+    run queues the slow lane's when it has work (picking.py says why two)."""
+    if lane == picking.SLOW:
+        with picking.slow_lane_turn() as mine:
+            return _deliver(picking.SLOW) if mine else 0
+    tried = _deliver(picking.HEALTHY)
+    if picking.slow_lane_due(timezone.now()):
+        _queue_deliveries(picking.SLOW)
+    return tried
+
+
+def _deliver(lane: str) -> int:
     now = timezone.now()
-    # At most PER_ENDPOINT_IN_BATCH of each endpoint's oldest, then the oldest of those: one
-    # endpoint's backlog cannot fill the batch. (Picked without a lock, as Postgres takes no
-    # row locks with a window function, and locked below.)
-    ranked = (
-        WebhookDelivery.objects.filter(
-            state=WebhookDelivery.State.PENDING, next_attempt_at__lte=now
-        )
-        .annotate(
-            rank=Window(
-                RowNumber(), partition_by=[F("endpoint_id")], order_by=F("next_attempt_at").asc()
-            )
-        )
-        .filter(rank__lte=PER_ENDPOINT_IN_BATCH)
-        .order_by("next_attempt_at")
-        .values_list("pk", flat=True)[:DELIVERY_BATCH]
-    )
-    picked = list(ranked)
+    picked = picking.due(lane, now)
     if not picked:
         return 0
     claim_until = now + timedelta(seconds=delivery.batch_seconds(len(picked)) + 60)
     with transaction.atomic():
         batch = list(
             WebhookDelivery.objects.select_for_update(skip_locked=True, of=("self",))
-            .select_related("event", "endpoint")
+            .select_related("event", "endpoint", "endpoint__account")
             .filter(pk__in=picked, state=WebhookDelivery.State.PENDING, next_attempt_at__lte=now)
         )
         # Claimed: a run that starts before this one recorded its outcomes leaves them alone.
@@ -171,13 +131,21 @@ def deliver_webhooks() -> int:
             kind=row.event.kind,
         )
         for row in batch
-        if row.endpoint.enabled
+        if _why_not_sent(row) is None
     ]
     outcomes = {o.delivery_id: o for o in delivery.post_all(requests)}
     finished = timezone.now()
     for row in batch:
         _record(row, outcomes.get(row.pk), finished, claim_until)
     return len(requests)
+
+
+def _why_not_sent(row: WebhookDelivery) -> str | None:
+    if not row.endpoint.account.is_active:
+        return "the account is deactivated"
+    if not row.endpoint.enabled:
+        return "the endpoint is off"
+    return None
 
 
 def _record(
@@ -188,10 +156,14 @@ def _record(
     mine = WebhookDelivery.objects.filter(
         pk=row.pk, state=WebhookDelivery.State.PENDING, next_attempt_at=claimed
     )
+    # A test event is tried once: its owner is watching the log for this one answer, and a
+    # receiver that is down would otherwise hold the button for a day.
+    once = row.event.kind == TEST_KIND
     give_up_at = row.created_at + timedelta(seconds=settings.WEBHOOK_RETRY_FOR_S)
-    if outcome is None:  # its endpoint is switched off: kept for when it is on, within the day
-        if now > give_up_at:
-            mine.update(state=WebhookDelivery.State.FAILED, last_error="the endpoint is off")
+    if outcome is None:  # not sent: kept for when the endpoint is on again, within the day
+        why = _why_not_sent(row) or "not sent"
+        if once or now > give_up_at or not row.endpoint.account.is_active:
+            mine.update(state=WebhookDelivery.State.FAILED, last_error=why)
         else:
             mine.update(next_attempt_at=min(now + timedelta(hours=1), give_up_at))
         return
@@ -210,7 +182,7 @@ def _record(
             )
         return
     next_at = now + delivery.retry_delay(row.attempts + 1)
-    if next_at > give_up_at:
+    if once or next_at > give_up_at:
         fields["state"] = WebhookDelivery.State.FAILED
     else:
         fields["next_attempt_at"] = next_at

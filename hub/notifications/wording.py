@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from hub.notifications.kinds import KINDS
@@ -12,7 +13,8 @@ from hub.notifications.models import Event
 LINES: dict[str, str] = {
     "balance.low": (
         "Your balance is {balance} USD, below your threshold of {threshold} USD. Your running "
-        "rentals cost {burn_per_hour} USD an hour: at this rate they stop at {runs_out_at}."
+        "rentals ({rental_names}) cost {burn_per_hour} USD an hour: at this rate they stop "
+        "{stops}."
     ),
     "rental.running": "Rental {lease} is running on {host} ({gpus}).",
     "rental.failed": "Rental {lease} failed: {reason}",
@@ -34,6 +36,11 @@ LINES: dict[str, str] = {
         "A new SSH key ({fingerprint}, '{comment}') was added to your account. If this was not "
         "you, delete it and change your password."
     ),
+    "security.webhook_added": (
+        "A new webhook endpoint to {host} (endpoint {endpoint}, events: {kinds}) was added to "
+        "your account: it receives your account's events. If this was not you, delete it and "
+        "change your password."
+    ),
 }
 # The dashboard page each kind's email links to.
 PAGES: dict[str, str] = {
@@ -52,7 +59,10 @@ PAGES: dict[str, str] = {
     "payout.refused": "/supplier/earnings/",
     "security.api_token_created": "/account/api-tokens/",
     "security.ssh_key_added": "/account/ssh-keys/",
+    "security.webhook_added": "/account/notifications/",
 }
+# Rentals a balance.low notice names before "and N more".
+NAMED_RENTALS = 10
 
 
 class _Fields(dict[str, Any]):
@@ -61,6 +71,52 @@ class _Fields(dict[str, Any]):
     def __missing__(self, key: str) -> str:
         self.missing.add(key)
         return "?"
+
+
+def _rental_names(rentals: Any) -> str:
+    if not isinstance(rentals, list) or not rentals:
+        return "?"
+    names = [str(r.get("lease", "?")) if isinstance(r, dict) else "?" for r in rentals]
+    shown, more = names[:NAMED_RENTALS], len(names) - NAMED_RENTALS
+    if more > 0:
+        return ", ".join(shown) + f" and {more} more"
+    return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]
+
+
+def _duration(seconds: float) -> str:
+    minutes = seconds / 60
+    if minutes < 1.5:
+        return "about a minute"
+    if minutes < 90:
+        return f"about {round(minutes)} minutes"
+    if minutes < 36 * 60:
+        return f"about {round(minutes / 60)} hours"
+    return f"about {round(minutes / 1440)} days"
+
+
+def _stops(runs_out_at: Any, told_at: datetime) -> str:
+    """A person's words for when the balance runs out (the data keeps the ISO time, for
+    programs): the UTC time and how long after the notice, as the notice may be read late."""
+    try:
+        at = datetime.fromisoformat(str(runs_out_at))
+    except ValueError:
+        return "?"
+    when = at.strftime("%H:%M UTC on %-d %B %Y")
+    left = (at - told_at).total_seconds()
+    if left <= 60:
+        return f"now ({when})"
+    return f"around {when}, {_duration(left)} after this notice"
+
+
+def _fields(event: Event) -> dict[str, Any]:
+    """The event's data and, for balance.low, the words made from it."""
+    if event.kind != "balance.low":
+        return event.data
+    return {
+        **event.data,
+        "rental_names": _rental_names(event.data.get("rentals")),
+        "stops": _stops(event.data.get("runs_out_at"), event.created_at),
+    }
 
 
 def _line(kind: str, fields: dict[str, Any], missing: set[str] | None = None) -> str:
@@ -79,7 +135,7 @@ def subject(event: Event) -> str:
 
 def lines(event: Event) -> list[str]:
     if not KINDS[event.kind].coalesce:
-        return [_line(event.kind, event.data)]
+        return [_line(event.kind, _fields(event))]
     items = event.data.get("items", [])
     out = [_line(event.kind, item) for item in items if isinstance(item, dict)]
     more = int(event.data.get("count", len(items))) - len(items)
@@ -97,7 +153,7 @@ def missing_fields(event: Event) -> set[str]:
     checks that every emitter fills every one."""
     missing: set[str] = set()
     if not KINDS[event.kind].coalesce:
-        _line(event.kind, event.data, missing)
+        _line(event.kind, _fields(event), missing)
     else:
         for item in event.data.get("items", []):
             _line(event.kind, item, missing)

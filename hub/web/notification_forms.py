@@ -40,7 +40,9 @@ def muted_kinds(user: User) -> list[str]:
 
 def mute_email(user: User, kind: str) -> None:
     """Stop emails of ``kind`` to ``user``; doing it twice (a mail client's one-click POST and
-    then the person's) changes nothing."""
+    then the person's) changes nothing. A security kind cannot be stopped."""
+    if not KINDS[kind].can_mute:
+        raise ValueError(f"{kind} emails cannot be turned off")
     with transaction.atomic():
         NotificationSettings.objects.get_or_create(user=user, defaults=_defaults())
         prefs = NotificationSettings.objects.select_for_update().get(user=user)
@@ -91,14 +93,15 @@ class LowBalanceForm(forms.Form):
 
 class EmailForm(forms.Form):
     # The kinds left checked are emailed; the row keeps the ones left unchecked, so a kind added
-    # later is emailed until its owner says otherwise.
+    # later is emailed until its owner says otherwise. Security kinds are always emailed (their
+    # boxes are shown ticked and disabled, so a browser sends nothing for them).
     emailed = forms.MultipleChoiceField(
         choices=KIND_CHOICES, required=False, widget=forms.CheckboxSelectMultiple
     )
 
     def save(self, user: User) -> list[str]:
         emailed = set(self.cleaned_data["emailed"])
-        muted = [name for name in KINDS if name not in emailed]
+        muted = [k.name for k in KINDS.values() if k.can_mute and k.name not in emailed]
         NotificationSettings.objects.update_or_create(
             user=user,
             defaults={"email_muted": muted},

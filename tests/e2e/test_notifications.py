@@ -1,18 +1,21 @@
 """Issue 36 end to end: events reach a real SMTP server (aiosmtpd) and a real HTTP receiver
 through the hub's own Celery worker and beat: signed, retried after 500s and timeouts, one
-slow endpoint holding up nobody, a private address refused, a burst coalesced."""
+slow endpoint holding up nobody, a private address refused, a burst coalesced, a test event
+posted signed and tried once."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Iterator
+from email.message import EmailMessage
 
 import pytest
 from django.test import override_settings
 
 from hub.notifications import endpoints, signing
 from hub.notifications.events import emit
+from hub.notifications.kinds import TEST_KIND
 from hub.notifications.models import Event, WebhookDelivery, WebhookEndpoint
 from tests.hub import factories as f
 from tests.support.hub_stack import hub_stack
@@ -49,6 +52,11 @@ def mailbox(tmp_path_factory: pytest.TempPathFactory, django_db_setup: None) -> 
         yield box
 
 
+def _mail(mailbox: Mailbox, to: str, title: str) -> list[EmailMessage]:
+    """The mail of one kind (by its title) to ``to``: adding an endpoint mails its notice too."""
+    return [m for m in mailbox.to(to) if title in str(m["Subject"])]
+
+
 def _delivered(endpoint: WebhookEndpoint) -> WebhookDelivery | None:
     return WebhookDelivery.objects.filter(
         endpoint=endpoint, state=WebhookDelivery.State.DELIVERED
@@ -59,26 +67,32 @@ def _delivered(endpoint: WebhookEndpoint) -> WebhookDelivery | None:
 def test_an_event_is_emailed_and_posted_signed_and_retried(mailbox: Mailbox) -> None:
     user = f.make_user("renter", email="renter@example.test")
     with webhook_receiver() as receiver:
-        ok = endpoints.add(user, receiver.url("/ok"), "mine")
-        flaky = endpoints.add(user, receiver.url("/fail-2"), "flaky")
+        # Subscribed to the one kind: adding an endpoint is itself a (security) event.
+        ok = endpoints.add(user, receiver.url("/ok"), "mine", kinds=["security.ssh_key_added"])
+        flaky = endpoints.add(
+            user, receiver.url("/fail-2"), "flaky", kinds=["security.ssh_key_added"]
+        )
         other_kind = endpoints.add(user, receiver.url("/ok-other"), kinds=["rental.ended"])
         emit(
             user.pk,
             "security.ssh_key_added",
             {"fingerprint": "SHA256:abc", "comment": "laptop"},
         )
-        mail = wait_for(lambda: mailbox.to(user.email), timeout_s=60, what="the email")[0]
+        mail = wait_for(
+            lambda: _mail(mailbox, user.email, "New SSH key"), timeout_s=60, what="the email"
+        )[0]
         wait_for(lambda: _delivered(ok), timeout_s=60, what="the webhook")
         wait_for(lambda: _delivered(flaky), timeout_s=60, what="the webhook after two 500s")
     event = Event.objects.get(account=user, kind="security.ssh_key_added")
-    # The email: both parts, the event's words, a one-click unsubscribe.
+    # The email: both parts, the event's words, no unsubscribe (a security notice is always
+    # sent), marked as automatic.
     assert "New SSH key" in mail["Subject"]
     text = mail.get_body(preferencelist=("plain",)).get_content()
     html = mail.get_body(preferencelist=("html",)).get_content()
     assert "SHA256:abc" in text
     assert "SHA256:abc" in html
-    assert "/notifications/unsubscribe/" in mail["List-Unsubscribe"]
-    assert mail["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
+    assert mail["List-Unsubscribe"] is None
+    assert mail["Auto-Submitted"] == "auto-generated"
     assert event.email_state == Event.EmailState.SENT
     # The webhook: the event's id and type, a signature its secret verifies, and a body that
     # any change breaks.
@@ -112,8 +126,8 @@ def test_an_event_is_emailed_and_posted_signed_and_retried(mailbox: Mailbox) -> 
 def test_a_hanging_endpoint_delays_no_other_and_times_out(mailbox: Mailbox) -> None:
     user = f.make_user("supplier", email="")
     with webhook_receiver() as receiver:
-        hanging = endpoints.add(user, receiver.url("/hang"))
-        fine = endpoints.add(user, receiver.url("/ok"))
+        hanging = endpoints.add(user, receiver.url("/hang"), kinds=["payout.paid"])
+        fine = endpoints.add(user, receiver.url("/ok"), kinds=["payout.paid"])
         emit(user.pk, "payout.paid", {"payout": "7", "amount": "12.00"})
         # The fine endpoint has its request while the other still hangs (the two posts go out
         # together, so either may reach the receiver first).
@@ -161,13 +175,15 @@ def test_a_fleet_going_offline_is_one_email_and_one_webhook(mailbox: Mailbox) ->
     supplier = f.make_user("supplier", email="fleet@example.test")
     bystander = f.make_user("supplier", email="other@example.test")
     with webhook_receiver() as receiver:
-        endpoints.add(supplier, receiver.url("/ok"))
+        endpoints.add(supplier, receiver.url("/ok"), kinds=["host.offline"])
         for n in range(40):
             emit(supplier.pk, "host.offline", {"host": str(n), "name": f"rig-{n}", "at": "now"})
         emit(bystander.pk, "host.offline", {"host": "99", "name": "lonely", "at": "now"})
         wait_for(lambda: receiver.at("/ok"), timeout_s=60, what="the coalesced webhook")
         wait_for(lambda: mailbox.to(bystander.email), timeout_s=60, what="the other's mail")
-        (mail,) = wait_for(lambda: mailbox.to(supplier.email), timeout_s=60, what="the mail")
+        (mail,) = wait_for(
+            lambda: _mail(mailbox, supplier.email, "Host offline"), timeout_s=60, what="the mail"
+        )
         # Nothing more follows for the burst.
         wait_for(
             lambda: not Event.objects.filter(state=Event.State.PENDING).exists(),
@@ -175,7 +191,7 @@ def test_a_fleet_going_offline_is_one_email_and_one_webhook(mailbox: Mailbox) ->
             what="every event done",
         )
     assert len(receiver.at("/ok")) == 1
-    assert len(mailbox.to(supplier.email)) == 1
+    assert len(_mail(mailbox, supplier.email, "Host offline")) == 1
     data = json.loads(receiver.at("/ok")[0].body)["data"]
     assert data["count"] == 40
     assert [item["name"] for item in data["items"]] == [f"rig-{n}" for n in range(40)]
@@ -184,3 +200,35 @@ def test_a_fleet_going_offline_is_one_email_and_one_webhook(mailbox: Mailbox) ->
     assert "rig-0" in text
     assert "rig-39" in text
     assert "lonely" not in text
+
+
+@override_settings(WEBHOOK_ALLOW_LOOPBACK=True)
+def test_a_test_event_is_posted_signed_and_tried_once(mailbox: Mailbox) -> None:
+    user = f.make_user("renter", email="")
+    with webhook_receiver() as receiver:
+        fine = endpoints.add(user, receiver.url("/ok"), kinds=["payout.paid"])
+        down = endpoints.add(user, receiver.url("/always-500"), kinds=["payout.paid"])
+        endpoints.send_test(fine)
+        endpoints.send_test(down)
+        (got,) = wait_for(
+            lambda: receiver.at("/ok", kind=TEST_KIND), timeout_s=60, what="the test event"
+        )
+        failed = wait_for(
+            lambda: WebhookDelivery.objects.filter(endpoint=down, state="failed").first(),
+            timeout_s=60,
+            what="the test to the failing receiver to be tried",
+        )
+        # Tried: another test may go at once, and it too is tried once.
+        endpoints.send_test(down)
+        wait_for(
+            lambda: WebhookDelivery.objects.filter(endpoint=down, state="failed").count() == 2,
+            timeout_s=60,
+            what="the second test to be tried",
+        )
+        assert len(receiver.at("/always-500", kind=TEST_KIND)) == 2
+    document = json.loads(got.body)
+    assert (document["type"], document["data"]["endpoint"]) == (TEST_KIND, fine.pk)
+    header = got.headers[signing.SIGNATURE_HEADER.lower()]
+    assert signing.verify(fine.secret, header, got.body, now=int(time.time()))
+    assert (failed.attempts, failed.last_status, failed.last_error) == (1, 500, "answered 500")
+    assert _delivered(fine) is not None

@@ -5,6 +5,7 @@ what it got. Its paths behave as named:
 - ``/fail-N``: 500 the first N times, then 200.
 - ``/always-500``: 500.
 - ``/hang``: holds the request until ``release()`` (or 60 s), then 200.
+- ``/redirect-to/PATH``: 302 to ``/PATH`` (a receiver that moved, or one steering the hub).
 """
 
 from __future__ import annotations
@@ -36,9 +37,14 @@ class Receiver:
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
-    def at(self, path: str) -> list[Received]:
+    def at(self, path: str, kind: str | None = None) -> list[Received]:
+        """What ``path`` received (of event type ``kind`` only, if given)."""
         with self.lock:
-            return [r for r in self.received if r.path == path]
+            return [
+                r
+                for r in self.received
+                if r.path == path and kind in (None, r.headers.get("cloudgpu-event-type"))
+            ]
 
     def release(self) -> None:
         self.released.set()
@@ -61,8 +67,10 @@ def webhook_receiver() -> Iterator[Receiver]:
                 )
                 counts[path] = counts.get(path, 0) + 1
                 seen = counts[path]
-            status = 200
-            if path.startswith("/fail-"):
+            status, location = 200, None
+            if path.startswith("/redirect-to/"):
+                status, location = 302, "/" + path.removeprefix("/redirect-to/")
+            elif path.startswith("/fail-"):
                 status = 500 if seen <= int(path.removeprefix("/fail-")) else 200
             elif path == "/always-500":
                 status = 500
@@ -74,6 +82,8 @@ def webhook_receiver() -> Iterator[Receiver]:
                     receiver.hanging -= 1
             try:
                 self.send_response(status)
+                if location is not None:
+                    self.send_header("Location", location)
                 self.send_header("Content-Length", "2")
                 self.end_headers()
                 self.wfile.write(b"ok")

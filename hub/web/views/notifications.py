@@ -34,12 +34,17 @@ AUDIENCES = (
 )
 DELIVERY_LOG_ROWS = 20
 
-KindGroups = list[tuple[str, list[tuple[Kind, bool]]]]
+# (group label, [(kind, checked, locked)]): a locked kind is always on (security email).
+KindGroups = list[tuple[str, list[tuple[Kind, bool, bool]]]]
 
 
-def kind_groups(checked: set[str]) -> KindGroups:
+def kind_groups(checked: set[str], *, lock_unmutable: bool = False) -> KindGroups:
+    def row(kind: Kind) -> tuple[Kind, bool, bool]:
+        locked = lock_unmutable and not kind.can_mute
+        return kind, locked or kind.name in checked, locked
+
     return [
-        (label, [(k, k.name in checked) for k in KINDS.values() if k.audience == audience])
+        (label, [row(k) for k in KINDS.values() if k.audience == audience])
         for audience, label in AUDIENCES
     ]
 
@@ -79,7 +84,7 @@ def _page(
     context = {
         "low_balance_form": low_balance_form,
         "email_form": email_form,
-        "email_groups": kind_groups(emailed),
+        "email_groups": kind_groups(emailed, lock_unmutable=True),
         "endpoint_form": endpoint_form,
         "endpoint_kind_groups": kind_groups(set(endpoint_form["kinds"].value() or ())),
         "endpoints": rows,
@@ -198,7 +203,9 @@ def endpoint_test(request: HttpRequest, endpoint_id: int) -> HttpResponse:
         messages.error(request, str(exc))
     else:
         messages.success(
-            request, f"Test event queued for {endpoint.url} (event {delivery.event_id})."
+            request,
+            f"Test event queued for {endpoint.url} (event {delivery.event_id}): it is tried "
+            "once, within seconds; its answer shows in the delivery log below.",
         )
     return redirect("web:notifications")
 
@@ -215,6 +222,12 @@ def unsubscribe(request: HttpRequest, token: str) -> HttpResponse:
     if found is None or person is None:
         return render(request, "notifications/unsubscribe.html", {"invalid": True}, status=404)
     kind = KINDS[found[1]]
+    if not kind.can_mute:
+        # A security notice is how a person hears of a stolen session: nobody turns it off,
+        # with a link or otherwise. (Its emails carry no link; older ones did.)
+        context = {"person": person, "kind": kind, "refused": True}
+        status = 400 if request.method == "POST" else 200
+        return render(request, "notifications/unsubscribe.html", context, status=status)
     done = request.method == "POST"
     if done:
         mute_email(person, kind.name)

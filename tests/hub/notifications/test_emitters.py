@@ -23,7 +23,7 @@ from hub.billing.models import LedgerEntry
 from hub.leases import funds, gpu_faults, host_status, stuck_releases
 from hub.leases import services as leases
 from hub.leases.models import Command, Lease
-from hub.notifications import emails, wording
+from hub.notifications import emails, endpoints, wording
 from hub.notifications.kinds import KINDS
 from hub.notifications.models import Event, NotificationSettings
 from hub.suppliers import services as suppliers
@@ -407,6 +407,20 @@ def test_a_new_ssh_key_is_told_once(tmp_path: Path) -> None:
         "fingerprint": key.fingerprint,
         "comment": "alice@laptop",
     }
+
+
+def test_a_new_webhook_endpoint_is_told_with_its_host_only(settings: SettingsWrapper) -> None:
+    settings.WEBHOOK_ALLOW_LOOPBACK = True
+    user = f.make_user()
+    endpoint = endpoints.add(user, "http://localhost:8080/in/s3cret-path", kinds=["gpu.fault"])
+    with pytest.raises(endpoints.EndpointError):
+        endpoints.add(user, "http://10.0.0.1/x")  # refused: nothing told
+    assert only(user, "security.webhook_added") == {
+        "endpoint": endpoint.pk,
+        "host": "localhost",
+        "kinds": ["gpu.fault"],
+    }
+    no_other_kind("security.webhook_added")
 
 
 # --- low balance ---------------------------------------------------------------------------------

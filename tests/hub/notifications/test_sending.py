@@ -92,7 +92,7 @@ def test_one_endpoints_backlog_takes_only_part_of_a_batch() -> None:
 def test_a_delivery_past_its_retry_window_is_marked_failed() -> None:
     user = f.make_user(email="")
     with webhook_receiver() as receiver:
-        endpoint = endpoints.add(user, receiver.url("/always-500"))
+        endpoint = endpoints.add(user, receiver.url("/always-500"), kinds=["payout.paid"])
         emit(user.pk, "payout.paid", {"payout": "1", "amount": "1.00"})
         tasks.process_events()
         tasks.deliver_webhooks()
@@ -108,7 +108,7 @@ def test_a_backlog_of_hundreds_leaves_room_for_every_other_endpoint() -> None:
     user, other_user = f.make_user(email=""), f.make_user(email="")
     with webhook_receiver() as receiver:
         backlog = endpoints.add(user, receiver.url("/always-500"), kinds=["payout.paid"])
-        other = endpoints.add(other_user, receiver.url("/ok"))
+        other = endpoints.add(other_user, receiver.url("/ok"), kinds=["payout.paid"])
         event = Event.objects.create(account=user, kind="payout.paid", due_at=timezone.now())
         long_ago = timezone.now() - timedelta(hours=1)
         rows = [
@@ -131,10 +131,10 @@ def test_a_backlog_of_hundreds_leaves_room_for_every_other_endpoint() -> None:
 def test_a_url_that_cannot_be_sent_fails_alone() -> None:
     user = f.make_user(email="")
     with webhook_receiver() as receiver:
-        fine = endpoints.add(user, receiver.url("/ok"))
+        fine = endpoints.add(user, receiver.url("/ok"), kinds=["payout.paid"])
         # Saved around the form's check (a row changed by hand).
         broken = WebhookEndpoint.objects.create(
-            account=user, url=receiver.url("/a\x01b"), secret="whsec_x"
+            account=user, url=receiver.url("/a\x01b"), secret="whsec_x", kinds=["payout.paid"]
         )
         emit(user.pk, "payout.paid", {"payout": "1", "amount": "1.00"})
         tasks.process_events()
@@ -148,7 +148,7 @@ def test_a_url_that_cannot_be_sent_fails_alone() -> None:
 @override_settings(WEBHOOK_ALLOW_LOOPBACK=True, WEBHOOK_RETRY_FOR_S=0)
 def test_a_delivery_to_an_endpoint_switched_off_ends_with_the_retry_window() -> None:
     user = f.make_user(email="")
-    endpoint = endpoints.add(user, "http://127.0.0.1:9/hook")
+    endpoint = endpoints.add(user, "http://127.0.0.1:9/hook", kinds=["payout.paid"])
     emit(user.pk, "payout.paid", {"payout": "1", "amount": "1.00"})
     tasks.process_events()
     WebhookEndpoint.objects.filter(pk=endpoint.pk).update(enabled=False)

@@ -1,5 +1,6 @@
-"""The verification snippet docs/webhooks.md gives receivers accepts the hub's signatures and
-refuses a changed body, another secret and an old timestamp."""
+"""The verification snippet docs/webhooks.md gives receivers accepts signatures made by
+hub/notifications/signing.py (the code every delivery is signed with) and refuses a changed
+body, another secret and an old timestamp."""
 
 from __future__ import annotations
 

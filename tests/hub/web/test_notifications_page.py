@@ -101,6 +101,22 @@ def test_email_choices_are_stored_as_the_muted_kinds() -> None:
     assert "no-email" not in page
 
 
+def test_security_notices_show_as_always_on_and_cannot_be_unticked() -> None:
+    renter = f.make_user("renter", email="renter@example.com")
+    client = _client(renter)
+    page = _page(client)
+    for kind in ("security.api_token_created", "security.ssh_key_added", "security.webhook_added"):
+        assert f'value="{kind}" checked disabled> {KINDS[kind].title} ' in page
+    assert page.count("(always on)") == 3
+    # A form sent without them (a browser sends no disabled box; a script may try) mutes
+    # only what may be muted.
+    client.post(reverse("web:notifications-email"), {"emailed": ["rental.ended"]})
+    muted = NotificationSettings.objects.get(user=renter).email_muted
+    assert "rental.failed" in muted
+    assert not [k for k in muted if k.startswith("security.")]
+    assert emails.wanted(renter, "security.ssh_key_added")
+
+
 def test_an_account_without_an_address_is_told_email_needs_one() -> None:
     assert 'id="no-email"' in _page(_client(f.make_user("renter", email="")))
 
@@ -191,6 +207,17 @@ def test_sending_a_test_event_queues_a_delivery_shown_in_the_log() -> None:
     assert ">41<" in page
 
 
+def test_a_disabled_endpoint_says_so_instead_of_sending_a_test() -> None:
+    renter = f.make_user("renter")
+    endpoint = endpoints.add(renter, HOOK)
+    endpoints.update(endpoint, kinds=[], enabled=False, description="")
+    client = _client(renter)
+    assert "Send test event: enable the endpoint first" in _page(client)
+    refused = client.post(reverse("web:webhook-test", args=[endpoint.pk]), follow=True)
+    assert "this endpoint is disabled: enable it to send a test event" in refused.content.decode()
+    assert not WebhookDelivery.objects.filter(endpoint=endpoint).exists()
+
+
 def test_the_delivery_log_shows_the_last_20() -> None:
     renter = f.make_user("renter")
     endpoint = endpoints.add(renter, HOOK)
@@ -279,6 +306,22 @@ def test_one_click_unsubscribe_works_without_a_csrf_token() -> None:
     )
     assert response.status_code == 200
     assert NotificationSettings.objects.get(user=renter).email_muted == ["gpu.fault", "payout.paid"]
+
+
+def test_a_security_notice_cannot_be_unsubscribed() -> None:
+    renter = f.make_user("renter", email="renter@example.com")
+    url = _unsubscribe_url(renter, "security.api_token_created")
+    asked = Client().get(url)
+    assert asked.status_code == 200
+    assert "cannot be turned off" in asked.content.decode()
+    assert 'id="unsubscribe-form"' not in asked.content.decode()
+    refused = Client(enforce_csrf_checks=True).post(
+        url, "List-Unsubscribe=One-Click", content_type="application/x-www-form-urlencoded"
+    )
+    assert refused.status_code == 400
+    assert "cannot be turned off" in refused.content.decode()
+    assert not NotificationSettings.objects.filter(user=renter).exists()
+    assert emails.wanted(renter, "security.api_token_created")
 
 
 @pytest.mark.parametrize("method", ["get", "post"])
