@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from cloudgpu_cli.errors import AUTH, USAGE, CliError
+from cloudgpu_cli.files import write_private
 
 DEFAULT_HUB = "http://127.0.0.1:8000"
+DEFAULT_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
 class Settings:
     hub: str
     token: str | None
+    timeout_s: float = DEFAULT_TIMEOUT_S
 
 
 def config_dir() -> Path:
@@ -41,23 +43,10 @@ def read_file() -> dict[str, str]:
 
 
 def write_file(data: dict[str, str]) -> Path:
-    """Atomically: a temp file made 0600 from the start in the same folder, then renamed, so
-    neither a crash nor another reader ever sees a half-written or world-readable token."""
     folder = config_dir()
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(folder, 0o700)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".config.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(data, out, indent=2)
-            out.write("\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, config_path())
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_private(config_path(), json.dumps(data, indent=2) + "\n")
     return config_path()
 
 
@@ -65,7 +54,22 @@ def resolve(hub_override: str | None = None) -> Settings:
     stored = read_file()
     hub = hub_override or os.environ.get("CLOUDGPU_HUB") or stored.get("hub") or DEFAULT_HUB
     token = os.environ.get("CLOUDGPU_TOKEN") or stored.get("token")
-    return Settings(hub=hub.rstrip("/"), token=token or None)
+    return Settings(hub=hub.rstrip("/"), token=token or None, timeout_s=_timeout_s())
+
+
+def _timeout_s() -> float:
+    """CLOUDGPU_TIMEOUT: seconds to wait for the hub's answer (30), for slow links or scripts
+    that would rather fail fast."""
+    raw = os.environ.get("CLOUDGPU_TIMEOUT", "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 3600:
+        raise CliError(f"CLOUDGPU_TIMEOUT must be seconds from 0 to 3600, not {raw!r}", USAGE)
+    return value
 
 
 def require_token(settings: Settings) -> str:

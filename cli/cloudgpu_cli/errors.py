@@ -13,7 +13,8 @@ INTERRUPTED = 130
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok, 1 operation failed (e.g. a rental that failed, a refused request),"
     " 2 usage or bad input, 3 not logged in or token refused, 4 hub unreachable,"
-    " 5 hub error (5xx), 130 interrupted."
+    " 5 hub error (5xx), 130 interrupted; exec, terminal and ssh: the remote command's own"
+    " once it ran."
 )
 
 

@@ -24,6 +24,15 @@ def gib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**30:.0f} GiB"
 
 
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
 def _when(stamp: str | None) -> str:
     """`2026-12-04T15:55:35.42Z` as `2026-12-04 15:55:35` (UTC): the table is for reading."""
     return "-" if not stamp else stamp.replace("T", " ")[:19]
@@ -82,6 +91,12 @@ def lease_details(lease: dict[str, Any]) -> list[str]:
         f"host   {lease.get('host_label') or lease.get('hostname', '')}",
         f"price  {lease.get('price_per_hour', '')}/h",
     ]
+    if lease.get("cost"):
+        lines.append(f"cost   {lease['cost']}")
+    if lease.get("warmup"):
+        lines.append(f"warmup {' '.join(lease['warmup'])}")
+    for mount in lease.get("volumes") or []:
+        lines.append(f"volume {mount['volume_id']} at {mount['path']}")
     if lease.get("failure_reason"):
         lines.append(f"failed {lease['failure_reason']}")
     if lease.get("end_reason"):
@@ -96,6 +111,44 @@ def lease_details(lease: dict[str, Any]) -> list[str]:
     for warning in lease.get("warnings") or []:
         lines.append(f"warning {warning}")
     return lines
+
+
+def templates_table(templates: list[dict[str, Any]]) -> Table:
+    table = Table(box=None, header_style="bold")
+    for col in ("slug", "name", "image", "ports", "warm-up"):
+        table.add_column(col)
+    for t in templates:
+        table.add_row(
+            t["slug"],
+            t.get("name", ""),
+            t.get("image", ""),
+            ",".join(map(str, t.get("ports") or [])) or "-",
+            " ".join(t.get("warmup") or []) or "-",
+        )
+    return table
+
+
+def volumes_table(volumes: list[dict[str, Any]]) -> Table:
+    table = Table(box=None, header_style="bold")
+    table.add_column("id", no_wrap=True, min_width=36)  # pasted into rent --volume: whole
+    for col in ("name", "kind", "host", "size", "used", "state"):
+        table.add_column(col, justify="right" if col in ("size", "used") else "left")
+    for v in volumes:
+        state = v.get("state", "")
+        if v.get("removed_reason"):
+            state = f"{state} ({v['removed_reason']})"
+        elif v.get("over_cap"):
+            state = f"{state} (over its size)"
+        table.add_row(
+            str(v["id"]),
+            v.get("name", ""),
+            v.get("kind", ""),
+            f"{v.get('hostname', '')} ({v.get('host_id', '')})",
+            gib(v.get("size_cap_bytes")),
+            human_bytes(v.get("used_bytes")),
+            state,
+        )
+    return table
 
 
 def keys_table(keys: list[dict[str, Any]]) -> Table:

@@ -632,6 +632,34 @@ class PayoutRequestSerializer(serializers.Serializer):
     )
 
 
+# --- top-ups ------------------------------------------------------------------------------------
+
+
+class TopUpRequestSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    amount_micros = serializers.IntegerField()
+    amount = FormattedMoneyField(source="amount_micros", cents=True)
+    note = serializers.CharField()
+    state = serializers.CharField(help_text="`waiting`, `added` (by an admin) or `declined`.")
+    created_at = serializers.DateTimeField()
+    handled_at = serializers.DateTimeField(allow_null=True)
+
+
+class TopUpAskSerializer(serializers.Serializer):
+    amount = serializers.DecimalField(
+        max_digits=12,
+        decimal_places=2,
+        min_value=Decimal("0.01"),
+        help_text="In units, e.g. 25.00 (from 1 to 100,000).",
+    )
+    note = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=500,
+        help_text="For the admins: how you will pay, or what it is for.",
+    )
+
+
 # --- SSH keys -----------------------------------------------------------------------------------
 
 

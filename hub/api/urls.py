@@ -28,6 +28,7 @@ v1 = [
     path("gpus/", views.GpuList.as_view(), name="gpus"),
     path("gpus/<int:pk>/", views.GpuDetail.as_view(), name="gpu"),
     path("account/", views.Account.as_view(), name="account"),
+    path("top-ups/", views.TopUpList.as_view(), name="top-ups"),
     path("payouts/", views.PayoutList.as_view(), name="payouts"),
     path("payouts/<int:pk>/cancel/", views.PayoutCancel.as_view(), name="payout-cancel"),
     path("tokens/", views.ApiTokenList.as_view(), name="tokens"),

@@ -24,9 +24,9 @@ from hub.accounts.models import ApiScope, ApiToken, SshKey
 from hub.api import serializers as s
 from hub.benchmarks import services as benchmarks
 from hub.benchmarks.models import BenchmarkRun
-from hub.billing import payouts
+from hub.billing import payouts, topups
 from hub.billing import services as billing
-from hub.billing.models import LedgerEntry, Payout
+from hub.billing.models import LedgerEntry, Payout, TopUpRequest
 from hub.billing.money import micros_from_units
 from hub.catalog import offers
 from hub.catalog.models import Template
@@ -44,6 +44,7 @@ from hub.volumes.models import Volume
 GIB = 1 << 30
 LEDGER_ROWS = 20
 PAYOUT_ROWS = 50
+TOP_UP_ROWS = 50
 
 ERRORS = {
     400: OpenApiResponse(s.ErrorSerializer, description="Bad input, or the service refused."),
@@ -572,6 +573,32 @@ class PayoutCancel(APIView):
             raise ValidationError({"detail": f"payout {payout.pk} is {payout.state} already"})
         payout.refresh_from_db()
         return Response(s.PayoutSerializer(payout).data)
+
+
+class TopUpList(APIView):
+    # Asking is harmless to a leaked token's holder (an admin decides, at most
+    # topups.MAX_WAITING wait at once), and it is part of renting: the `leases` scope.
+    required_scopes = {"GET": ApiScope.READ, "POST": ApiScope.LEASES}
+
+    @extend_schema(
+        summary="Your top-up requests, newest first",
+        responses={200: s.TopUpRequestSerializer(many=True), **AUTH_ONLY},
+    )
+    def get(self, request: Request) -> Response:
+        rows = TopUpRequest.objects.filter(account=request.user)[:TOP_UP_ROWS]
+        return Response(s.TopUpRequestSerializer(rows, many=True).data)
+
+    @extend_schema(
+        summary="Ask for funds (no payment processor yet: an admin adds them to your balance)",
+        request=s.TopUpAskSerializer,
+        responses={201: s.TopUpRequestSerializer, **ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        data = _valid(s.TopUpAskSerializer, request.data)
+        asked = topups.request_top_up(
+            request.user, micros_from_units(data["amount"]), data.get("note", "")
+        )
+        return Response(s.TopUpRequestSerializer(asked).data, status=status.HTTP_201_CREATED)
 
 
 class LeaseBenchmarks(APIView):
