@@ -74,6 +74,12 @@ SLOW = (
     "agent/test_tunnels.py",
     "agent/test_logjson.py::test_the_agent_logs_json_lines_",
     "hub/installer/test_agent_wheel.py",  # builds the agent wheel
+    # The cloudgpu command run as a process (its start is most of a second), many times each.
+    "cli/test_commands.py",
+    "cli/test_failures.py",
+    "cli/test_ssh.py",
+    "cli/test_terminal.py",
+    "hub/test_celery_ack_watchdog.py",  # kills Redis under a worker until an ack is lost: ~15 s
     # Each runs Django in a subprocess, 1.5-3 s.
     "hub/test_settings.py::test_a_pool_size_of_zero_",
     "hub/test_settings.py::test_a_secret_key_shorter_",

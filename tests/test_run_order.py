@@ -22,7 +22,9 @@ def test_this_run_is_ordered_heaviest_module_first_and_each_module_whole(
         if not seen or seen[-1] != module:
             assert module not in seen, f"{module} is split in the run's order"
             seen.append(module)
-    members = {m: [i for i in items if _module(i) == m] for m in seen}
+    members: dict[str, list[pytest.Item]] = {}
+    for item, module in zip(items, modules, strict=True):
+        members.setdefault(module, []).append(item)
     weights = [_weight(m, members[m]) for m in seen]
     assert weights == sorted(weights), list(zip(seen, weights, strict=True))
 
