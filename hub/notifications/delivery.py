@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -16,7 +15,7 @@ from typing import Any
 import httpx
 from django.conf import settings
 
-from hub.notifications import addresses, signing
+from hub.notifications import addresses, backoff, signing
 from hub.notifications.models import Event
 
 log = logging.getLogger(__name__)
@@ -61,9 +60,7 @@ def body(event: Event) -> bytes:
 
 
 def retry_delay(attempts: int) -> timedelta:
-    step = RETRY_STEPS[min(attempts, len(RETRY_STEPS)) - 1]
-    seconds = step * settings.WEBHOOK_RETRY_BASE_S
-    return timedelta(seconds=seconds * random.uniform(0.9, 1.1))  # noqa: S311  # spread retries
+    return backoff.delay(attempts, RETRY_STEPS, settings.WEBHOOK_RETRY_BASE_S)
 
 
 async def _post(client: httpx.AsyncClient, request: Request, limit: asyncio.Semaphore) -> Outcome:

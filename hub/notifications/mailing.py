@@ -10,7 +10,6 @@ like a webhook, for a day after its event."""
 from __future__ import annotations
 
 import logging
-import random
 import smtplib
 import time
 import uuid
@@ -21,7 +20,7 @@ from django.core.mail.backends.base import BaseEmailBackend
 from django.db import transaction
 from django.utils import timezone
 
-from hub.notifications import emails
+from hub.notifications import backoff, emails
 from hub.notifications.kinds import KINDS
 from hub.notifications.models import Event
 
@@ -40,8 +39,7 @@ _EMAIL_FIELDS = ["state", "done_at", "due_at", "email_state", "email_attempts", 
 
 
 def retry_delay(attempts: int) -> timedelta:
-    step = RETRY_STEPS[min(attempts, len(RETRY_STEPS)) - 1]
-    return timedelta(seconds=step * RETRY_BASE_S * random.uniform(0.9, 1.1))  # noqa: S311
+    return backoff.delay(attempts, RETRY_STEPS, RETRY_BASE_S)
 
 
 def send_due(stop_at: float) -> set[uuid.UUID]:
