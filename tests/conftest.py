@@ -13,12 +13,10 @@ from typing import Any
 import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
-from tests.support import run_order
 from tests.support.docker_cleanup import TEST_IMAGE_LABEL
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(run_order, "cloudgpu-run-order")
     # The hub pools its connections per process; this process makes and drops the test database
     # (a pool opened before that would keep lending connections to the wrong one), so it
     # connects per use. The hubs the tests start (tests/support/hub_stack.py) run with the pool.
