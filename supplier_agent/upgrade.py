@@ -33,7 +33,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from supplier_agent import __version__, release_signing
+from supplier_agent import __version__, release_signing, venv_seed
 from supplier_agent.config import config_path, write_file
 from supplier_agent.service import (
     SERVICE,
@@ -167,14 +167,29 @@ def _build_side_venv(
     and with ``trial_s`` a ``run --trial`` that long); delete it if not."""
     python, agent = str(target / "bin" / "python"), str(target / "bin" / "cloudgpu-agent")
     pip = [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input"]
+    # The running pip, copied in, instead of ensurepip's unpacking and compiling (venv_seed.py).
+    seed = venv_seed.running_pip()
     try:
         print("upgrade: create the virtualenv")
         _step(
             "create the virtualenv",
-            [sys.executable, "-m", "venv", str(target)],
+            [sys.executable, "-m", "venv", *(["--without-pip"] if seed else []), str(target)],
             VENV_TIMEOUT_S,
             deadline,
         )
+        if seed is not None:
+            where = _step(
+                "find the virtualenv's site-packages",
+                [python, "-c", venv_seed.PURELIB],
+                CHECK_TIMEOUT_S,
+                deadline,
+            )
+            try:
+                seed.copy_into(Path(where.strip()))
+            except OSError as exc:
+                raise UpgradeError(
+                    f"could not copy pip {seed.version} into {target}: {exc}"
+                ) from None
         print("upgrade: install the wheel")
         _step("install the wheel", [*pip, str(wheel)], PIP_TIMEOUT_S, deadline)
         reported = _step("run `version`", [agent, "version"], CHECK_TIMEOUT_S, deadline)

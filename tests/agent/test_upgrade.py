@@ -218,8 +218,25 @@ def test_upgrade_switches_the_venv_symlink_to_the_new_version(site: Site, build:
     assert f"no agent is running on {site.state} now" in result.stdout
     assert (build.old_venv / "bin" / "cloudgpu-agent").exists()  # kept for a rollback
     assert sorted(p.name for p in (site.prefix / "venvs").iterdir()) == [GOOD_VERSION]
+    # Its pip is the running one's, copied (supplier_agent/venv_seed.py): no ensurepip, so no
+    # setuptools, and the new version can run the next upgrade's pip.
+    new_python = site.prefix / "venvs" / GOOD_VERSION / "bin" / "python"
+    pip = subprocess.run(
+        [str(new_python), "-m", "pip", "list", "--format=json", "--disable-pip-version-check"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    installed = {p["name"]: p["version"] for p in json.loads(pip.stdout)}
+    assert installed["pip"] == _pip_version(build.old_venv)
+    assert "setuptools" not in installed
     # No release key pinned (a host installed before signing): it says nothing was checked.
     assert "pins no release key, so nobody's signature is checked" in result.stdout
+
+
+def _pip_version(venv: Path) -> str:
+    argv = [str(venv / "bin" / "python"), "-c", "import pip; print(pip.__version__)"]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def _registers(hub: HubPeer) -> list[Any]:

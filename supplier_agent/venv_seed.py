@@ -1,0 +1,59 @@
+"""A new version's virtualenv gets the running agent's own pip, copied, instead of ensurepip.
+
+``python -m venv`` runs ensurepip, which unpacks and byte-compiles pip and, on Python 3.11,
+setuptools: about 4 s of CPU on a 2-core host, most of what building an upgrade's side
+virtualenv costs, for a pip the running virtualenv already has. The upgrade makes the new one
+``--without-pip`` and copies the running pip's installed files into it, as its RECORD lists them
+(``importlib.metadata``): the same interpreter makes both, so the same files serve. Installing
+wheels needs no setuptools. The console scripts (``bin/pip``) are not copied: they name the old
+interpreter, and the upgrade runs ``python -m pip``.
+
+Where the running environment has no complete pip to copy (a file its RECORD lists is gone, or
+no pip at all), the new virtualenv is made with ensurepip as before.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import shutil
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+# Asked of the new virtualenv's interpreter: where its packages go.
+PURELIB = "import sysconfig; print(sysconfig.get_path('purelib'))"
+
+
+@dataclass(frozen=True)
+class RunningPip:
+    version: str
+    files: tuple[tuple[Path, PurePosixPath], ...]  # (installed file, path under site-packages)
+
+    def copy_into(self, purelib: Path) -> None:
+        """Copy pip's files under ``purelib`` (the new virtualenv's site-packages); OSError
+        (a full disk, say) propagates."""
+        for source, relative in self.files:
+            destination = purelib / relative
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination)
+
+
+def running_pip(name: str = "pip") -> RunningPip | None:
+    """This interpreter's pip as installed, or None when there is no complete one to copy."""
+    try:
+        dist = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    if dist.files is None:  # no RECORD: nothing says which files are pip's
+        return None
+    files = []
+    for entry in dist.files:
+        relative = PurePosixPath(entry.as_posix())
+        if ".." in relative.parts:  # a script in bin/, outside site-packages
+            continue
+        source = Path(str(dist.locate_file(entry)))
+        if not source.is_file():
+            return None
+        files.append((source, relative))
+    if not any(relative.parts[0] == name for _, relative in files):
+        return None
+    return RunningPip(dist.version, tuple(files))
