@@ -10,12 +10,18 @@ interpreter, and the upgrade runs ``python -m pip``.
 
 Where the running environment has no complete pip to copy (a file its RECORD lists is gone, or
 no pip at all), the new virtualenv is made with ensurepip as before.
+
+``python -m supplier_agent.venv_seed TARGET`` is install.sh's way in, when it re-runs over an
+installed agent: the installed virtualenv's interpreter copies its pip into TARGET (made
+``--without-pip`` by the same Python); exit 1, saying why, when there is none to copy.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -57,3 +63,23 @@ def running_pip(name: str = "pip") -> RunningPip | None:
     if not any(relative.parts[0] == name for _, relative in files):
         return None
     return RunningPip(dist.version, tuple(files))
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m supplier_agent.venv_seed TARGET", file=sys.stderr)
+        return 2
+    seed = running_pip()
+    if seed is None:
+        print(f"no complete pip in {sys.prefix} to copy", file=sys.stderr)
+        return 1
+    python = Path(argv[0]) / "bin" / "python"
+    where = subprocess.run(
+        [str(python), "-c", PURELIB], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.strip()
+    seed.copy_into(Path(where))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -68,3 +68,21 @@ def test_no_pip_or_an_incomplete_one_is_not_copied(
     ]
     whole.copy_into(tmp_path / "new-site")
     assert (tmp_path / "new-site" / "wholepip" / "__init__.py").read_text() == "# installed\n"
+
+
+def test_the_command_copies_this_interpreters_pip_into_a_target(tmp_path: Path) -> None:
+    """install.sh's way in: ``python -m supplier_agent.venv_seed TARGET``."""
+    target = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(target)], check=True)
+    seed = [sys.executable, "-m", "supplier_agent.venv_seed"]
+    assert subprocess.run(seed, capture_output=True, check=False).returncode == 2
+
+    subprocess.run([*seed, str(target)], check=True)
+
+    shown = subprocess.run(
+        [str(target / "bin" / "python"), "-m", "pip", "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert shown.startswith(f"pip {venv_seed.running_pip().version} from {target}"), shown

@@ -432,6 +432,13 @@ def test_a_rerun_keeps_the_configuration_and_needs_no_token(
         __version__,
         f"{__version__}-2",
     ]
+    # The new version's pip was copied from the installed one (supplier_agent/venv_seed.py),
+    # not unpacked again by ensurepip: the same file, its time kept.
+    (old_pip,) = (prefix / "venvs" / __version__).glob("lib/python3*/site-packages/pip/__init__.py")
+    (new_pip,) = (prefix / "venvs" / f"{__version__}-2").glob(
+        "lib/python3*/site-packages/pip/__init__.py"
+    )
+    assert new_pip.stat().st_mtime_ns == old_pip.stat().st_mtime_ns
 
 
 # A re-run with an option changes only that setting (runtime docker to mock, the compute mode

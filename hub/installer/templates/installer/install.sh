@@ -463,9 +463,25 @@ print(token)' 2>/dev/null) || die "the hub's answer to the enrollment code is no
       printf '%s\n' "a disk filled up (No space left on device): free some space on the disks of $prefix and $tmpdir and re-run"
     fi
   }
-  local log=$tmp/install.log full
+  local log=$tmp/install.log full seed=""
+  # A re-run over a working install on this same Python: the new virtualenv is made without pip
+  # and gets the installed one's, copied at the pip step (supplier_agent/venv_seed.py, as
+  # `upgrade` does), instead of ensurepip unpacking and compiling pip and setuptools again.
+  # Otherwise (a first install, an agent from before venv_seed, another Python) ensurepip.
+  local same='import sys; print(sys.base_prefix, sys.version)'
+  if [[ -n $installed ]] && "$venv/bin/python" -c 'import supplier_agent.venv_seed' 2>/dev/null &&
+    [[ $("$venv/bin/python" -c "$same") == "$(python3 -c "$same")" ]]; then
+    seed=$venv/bin/python
+  fi
+  make_venv() {
+    if [[ -n $seed ]]; then
+      python3 -m venv --without-pip "$target"
+    else
+      python3 -m venv "$target"
+    fi
+  }
   # Output to a log, shown unless a full disk explains it: venv's answer to that is a traceback.
-  if ! python3 -m venv "$target" >"$log" 2>&1; then
+  if ! make_venv >"$log" 2>&1; then
     full=$(disk_full "$log")
     [[ -z $full ]] || die "could not create the virtual environment: $full (nothing was changed)"
     cat "$log" >&2
@@ -473,7 +489,11 @@ print(token)' 2>/dev/null) || die "the hub's answer to the enrollment code is no
   fi
   local pip=("$target/bin/python" -m pip --disable-pip-version-check --quiet)
   say "installing cloudgpu-agent $version and its dependencies (PIP_INDEX_URL and friends apply)"
-  if ! "${pip[@]}" install "$tmp/$filename" >"$log" 2>&1; then
+  install_agent() {
+    [[ -z $seed ]] || "$seed" -m supplier_agent.venv_seed "$target" || return
+    "${pip[@]}" install "$tmp/$filename"
+  }
+  if ! install_agent >"$log" 2>&1; then
     full=$(disk_full "$log")
     [[ -z $full ]] || die "pip could not install the agent: $full (nothing was changed)"
     cat "$log" >&2
