@@ -13,10 +13,12 @@ from typing import Any
 import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
+from tests.support import run_order
 from tests.support.docker_cleanup import TEST_IMAGE_LABEL
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(run_order, "cloudgpu-run-order")
     # The hub pools its connections per process; this process makes and drops the test database
     # (a pool opened before that would keep lending connections to the wrong one), so it
     # connects per use. The hubs the tests start (tests/support/hub_stack.py) run with the pool.
@@ -252,6 +254,26 @@ def state_dir() -> Iterator[Path]:
         # What a runner on it kept outside it (a /tmp state breaks sshd's rules) goes too.
         remove_moved_folders(parent / "state")
         shutil.rmtree(parent, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_channel_layer_after_a_dead_receive() -> Iterator[None]:
+    """A test whose event loop ended while a consumer still waited in the channel layer's
+    ``receive()`` leaves the process-wide layer counting that receive, its lock bound to the
+    dead loop: the next receive in this process, another test's, would fail ("Two event loops
+    are trying to receive()", or the lock "bound to a different event loop"; seen once, in
+    tests/hub/agents/test_handshake_drop.py, when the suite's order changed). The hub's loops
+    live as long as their process, so only tests end loops this way; the next test gets a
+    fresh layer."""
+    yield
+    layers = sys.modules.get("channels.layers")
+    if layers is None:
+        return
+    from hub.lib.compat_channels_redis import receive_left_waiting
+
+    manager = layers.channel_layers
+    if any(receive_left_waiting(layer) for layer in manager.backends.values()):
+        manager.backends.clear()  # as channels' own reset when CHANNEL_LAYERS changes
 
 
 @pytest.fixture(scope="session")

@@ -26,8 +26,17 @@
     close wrapper) and the discussion on https://github.com/django/channels_redis/issues/266.
     If a release shares pools across loops, channel_send's loop thread is no longer needed.
 
+``RedisChannelLayer.receive_count`` and ``receive_lock`` (private; the tests only)
+    A ``receive()`` counts itself in and out and makes the layer's receive lock for the event
+    loop it runs on. If that loop ends with the receive still waiting (a test's loop closed
+    under a consumer), the count stays up and the lock stays bound to the dead loop: the next
+    receive on another loop fails ("Two event loops are trying to receive()", or the lock "is
+    bound to a different event loop"). The hub's loops live as long as their process; only
+    tests end loops this way, and tests/conftest.py gives the next test a fresh layer when
+    :func:`receive_left_waiting` says so.
+
 tests/hub/test_compat_channels_redis.py fails, naming what to re-check, if a release changes
-either.
+any of these.
 """
 
 from __future__ import annotations
@@ -40,3 +49,10 @@ from channels_redis.core import RedisChannelLayer
 def layer_redis(layer: RedisChannelLayer) -> Any:
     """The layer's ``redis.asyncio.Redis`` client for the running loop (first host only)."""
     return layer.connection(0)
+
+
+def receive_left_waiting(layer: RedisChannelLayer) -> bool:
+    """Whether ``layer`` still counts a ``receive()`` as waiting (on whatever loop it began)."""
+    return (
+        bool(getattr(layer, "receive_count", 0)) or getattr(layer, "receive_lock", None) is not None
+    )

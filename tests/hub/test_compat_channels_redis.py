@@ -12,11 +12,12 @@ import inspect
 from typing import Any
 
 import channels_redis
+import pytest
 import redis.asyncio
 from channels_redis import utils as channels_redis_utils
 from channels_redis.core import RedisChannelLayer
 
-from hub.lib.compat_channels_redis import layer_redis
+from hub.lib.compat_channels_redis import layer_redis, receive_left_waiting
 
 # Nothing listens here: nothing in these tests sends a command.
 UNUSED_REDIS = "redis://127.0.0.1:1/0"
@@ -71,3 +72,30 @@ def test_the_layer_keeps_one_client_per_event_loop_and_drops_it_when_the_loop_cl
     assert set(layer._layers) == {loop_b}, _recheck("loop.close() no longer drops the loop's pools")
     loop_b.close()
     assert layer._layers == {}
+
+
+def test_a_receive_left_waiting_when_its_loop_stops_is_still_counted() -> None:
+    # tests/conftest.py resets the layer after a test that leaves this state behind.
+    layer = RedisChannelLayer(hosts=[UNUSED_REDIS])
+    assert not receive_left_waiting(layer)
+
+    async def never() -> Any:
+        await asyncio.Event().wait()
+
+    layer.receive_single = lambda channel: never()  # a Redis that never answers
+    channel = f"specific.{layer.client_prefix}!abc"
+    first, other = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        task = first.create_task(layer.receive(channel))
+        first.run_until_complete(asyncio.sleep(0.01))
+        # The loop stops under the waiting receive, as a test's may.
+        assert not task.done()
+        assert receive_left_waiting(layer), _recheck("RedisChannelLayer.receive_count")
+        with pytest.raises(RuntimeError, match="event loop"):
+            other.run_until_complete(asyncio.wait_for(layer.receive(channel), timeout=5))
+        task.cancel()
+        first.run_until_complete(asyncio.gather(task, return_exceptions=True))
+        assert not receive_left_waiting(layer), _recheck("a cancelled receive's clean-up")
+    finally:
+        first.close()
+        other.close()
