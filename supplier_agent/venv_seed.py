@@ -47,12 +47,13 @@ def running_pip(name: str = "pip") -> RunningPip | None:
     """This interpreter's pip as installed, or None when there is no complete one to copy."""
     try:
         dist = importlib.metadata.distribution(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    if dist.files is None:  # no RECORD: nothing says which files are pip's
+        listed = dist.files
+    except (importlib.metadata.PackageNotFoundError, OSError, ValueError):
+        return None  # none, or a RECORD that cannot be read
+    if listed is None:  # no RECORD: nothing says which files are pip's
         return None
     files = []
-    for entry in dist.files:
+    for entry in listed:
         relative = PurePosixPath(entry.as_posix())
         if ".." in relative.parts:  # a script in bin/, outside site-packages
             continue

@@ -124,11 +124,13 @@ def _admin_login(base_url: str, username: str, password: str) -> httpx.Response:
         )
 
 
-def _admin_page(base_url: str, password: str, path: str) -> str | None:
-    """The page's text once it lists something (None while its list is empty)."""
+@contextmanager
+def _signed_in_admin(base_url: str, password: str) -> Iterator[httpx.Client]:
+    """A client signed in once: a sign-in is a million PBKDF2 rounds on the hub (most of a
+    second of its CPU here), too dear to repeat at every poll of a page."""
     with httpx.Client(base_url=base_url, follow_redirects=True, timeout=30) as client:
         client.get("/admin/login/")
-        client.post(
+        page = client.post(
             "/admin/login/",
             data={
                 "username": "admin",
@@ -138,7 +140,13 @@ def _admin_page(base_url: str, password: str, path: str) -> str | None:
             },
             headers={"Referer": f"{base_url}/admin/login/"},
         )
-        text = client.get(path).text
+        assert "Run the market | CloudGPU admin" in page.text  # the signed-in admin index
+        yield client
+
+
+def _admin_page(client: httpx.Client, path: str) -> str | None:
+    """The page's text once it lists something (None while its list is empty)."""
+    text = client.get(path).text
     return None if "0 hosts" in text or "0 GPUs" in text else text
 
 
@@ -204,18 +212,14 @@ def _first_run_serves_the_hub_and_leaves_no_process_behind(state_dir: Path) -> s
         # Notices' mail goes to the worker's log (the console backend) unless SMTP is set.
         assert f"mail       printed in {state_dir / 'worker.log'}" in run.text()
 
-        page = _admin_login(run.base_url, "admin", passwords["admin"])
-        assert page.status_code == 200
-        assert "Run the market | CloudGPU admin" in page.text  # the signed-in admin index
-        hosts = wait_for(
-            lambda: _admin_page(
-                run.base_url, passwords["admin"], "/admin/suppliers/host/?status=online"
-            ),
-            timeout_s=60,
-            what="the demo agent's host online",
-        )
-        assert "1 host" in hosts
-        gpus = _admin_page(run.base_url, passwords["admin"], "/admin/suppliers/gpu/")
+        with _signed_in_admin(run.base_url, passwords["admin"]) as admin:
+            hosts = wait_for(
+                lambda: _admin_page(admin, "/admin/suppliers/host/?status=online"),
+                timeout_s=60,
+                what="the demo agent's host online",
+            )
+            assert "1 host" in hosts
+            gpus = _admin_page(admin, "/admin/suppliers/gpu/")
         # The mock runtime's GPU, or (root, Docker, no NVIDIA GPU) the simulated one.
         assert ("Demo GPU" if "one simulated GPU" in run.text() else "RTX 4090") in gpus
         # /metrics adds up every process's values from the runner's folder: the demo agent's
