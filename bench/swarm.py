@@ -36,12 +36,8 @@ import psutil
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from supplier_agent.agent import (
-    BACKOFF_BASE_S,
-    BACKOFF_CAP_S,
-    STABLE_CONNECTION_S,
-    WELCOME_TIMEOUT_S,
-)
+from supplier_agent.agent import BACKOFF_BASE_S, BACKOFF_CAP_S, STABLE_CONNECTION_S
+from supplier_agent.hub_link import WELCOME_TIMEOUT_S
 
 PROBE = json.dumps({"type": "probe", "v": 1})  # an unknown type: answered with an error
 

@@ -434,7 +434,8 @@ def _run_trial(config: AgentConfig, window_s: float) -> int:
     line on stderr saying why (after the traceback, in the log, when it crashed)."""
     from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-    from supplier_agent.agent import TokenRejected, TrialFailed
+    from supplier_agent.agent import TrialFailed
+    from supplier_agent.hub_link import TokenRejected
     from supplier_agent.protocol import ProtocolError
 
     log = logging.getLogger("cloudgpu.agent")

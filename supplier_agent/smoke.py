@@ -11,7 +11,8 @@ import sys
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from supplier_agent.agent import (
+from supplier_agent.config import AgentConfig
+from supplier_agent.hub_link import (
     TOKEN_CLOSE_CODES,
     WELCOME_TIMEOUT_S,
     TokenRejected,
@@ -19,7 +20,6 @@ from supplier_agent.agent import (
     open_connection,
     register_message,
 )
-from supplier_agent.config import AgentConfig
 from supplier_agent.mock_runtime import MockRuntime
 from supplier_agent.protocol import (
     HUB_TO_AGENT,
