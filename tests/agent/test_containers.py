@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import queue
 import socket
 import threading
@@ -27,32 +26,12 @@ from supplier_agent.containers import (
     ContainerRuntime,
     nvidia_runtime_available,
 )
-from supplier_agent.limits import HostResources, Reserve, nofile_limit
 from supplier_agent.protocol import CacheVolume, DockerRun, RenterVolume
-from tests.support import control_plane
-from tests.support.docker_cleanup import TEST_IMAGE_LABEL, remove_containers, remove_volume
+from tests.support.container_specs import HTTPD, SpecFactory, cache_name, lease_containers
+from tests.support.docker_cleanup import TEST_IMAGE_LABEL, remove_volume
 from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.docker
-
-# Serves the lease id at / so a test knows it reached this lease's container.
-HTTPD = "mkdir -p /www && echo {marker} > /www/index.html && exec httpd -f -p 8080 -h /www"
-
-SpecFactory = Callable[..., DockerRun]
-
-
-def _cache_name(agent_id: str) -> str:
-    return f"test-{agent_id[:8]}"
-
-
-@pytest.fixture
-def agent_id(docker_client: Any) -> Iterator[str]:
-    """A fresh agent identity; whatever it leaves in Docker is removed, even after a failure."""
-    agent = str(uuid.uuid4())
-    yield agent
-    remove_containers(docker_client, {"label": f"cloudgpu.claim={agent}"})
-    with contextlib.suppress(NotFound):
-        docker_client.volumes.get(f"cloudgpu-cache-{_cache_name(agent)}").remove(force=True)
 
 
 @pytest.fixture
@@ -63,34 +42,11 @@ def runtime(docker_client: Any) -> ContainerRuntime:
     )
 
 
-@pytest.fixture
-def make_spec(busybox_image: str, agent_id: str) -> SpecFactory:
-    def make(**overrides: Any) -> DockerRun:
-        lease_id = str(uuid.uuid4())
-        fields: dict[str, Any] = {
-            "command_id": str(uuid.uuid4()),
-            "lease_id": lease_id,
-            "epoch": 1,
-            "image": busybox_image,
-            "ports": (8080,),
-            "command": ("sh", "-c", HTTPD.format(marker=lease_id)),
-            "cache_volume": CacheVolume(name=_cache_name(agent_id), path="/cache"),
-        }
-        fields.update(overrides)
-        return DockerRun(**fields)
-
-    return make
-
-
-def _lease_containers(docker_client: Any, lease_id: str) -> list[Any]:
-    return control_plane.containers(docker_client, lease_id)  # type: ignore[return-value]
-
-
 def _refused(runtime: ContainerRuntime, spec: DockerRun, agent_id: str, match: str) -> None:
     """The run is refused with that reason, and leaves no container behind."""
     with pytest.raises(ContainerError, match=match):
         runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
-    assert _lease_containers(runtime.client, spec.lease_id) == []
+    assert lease_containers(runtime.client, spec.lease_id) == []
 
 
 class _ExitReports(dict[str, int]):
@@ -168,7 +124,7 @@ def test_container_is_hardened_and_labelled(
     )
     assert not host["Binds"]
     assert [(m["Type"], m["Name"], m["Destination"]) for m in inspect["Mounts"]] == [
-        ("volume", f"cloudgpu-cache-{_cache_name(agent_id)}", "/cache")
+        ("volume", f"cloudgpu-cache-{cache_name(agent_id)}", "/cache")
     ]
     assert not host["DeviceRequests"]  # gpu_devices="none"
     # Less the test image's own label, which Docker copies onto every container of it.
@@ -285,7 +241,7 @@ def test_an_image_on_the_suppliers_loopback_is_refused_before_any_connection(
 
         with pytest.raises(BlockingIOError):
             listener.accept()
-    assert _lease_containers(docker_client, spec.lease_id) == []
+    assert lease_containers(docker_client, spec.lease_id) == []
 
 
 def test_a_container_found_running_warms_up_again_before_it_counts_as_running(
@@ -325,7 +281,7 @@ def test_running_a_lease_twice_leaves_one_container(
     second = runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
 
     assert second == first
-    assert [c.id for c in _lease_containers(docker_client, spec.lease_id)] == [first.container_id]
+    assert [c.id for c in lease_containers(docker_client, spec.lease_id)] == [first.container_id]
 
 
 def test_missing_image_fails_and_leaves_no_container(
@@ -336,7 +292,7 @@ def test_missing_image_fails_and_leaves_no_container(
     with pytest.raises(ContainerError, match="cloudgpu-test/does-not-exist:1"):
         runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
 
-    assert _lease_containers(docker_client, spec.lease_id) == []
+    assert lease_containers(docker_client, spec.lease_id) == []
 
 
 def test_forbidden_env_is_refused_again_before_docker(
@@ -383,7 +339,7 @@ def test_warm_up_output_is_handed_over_while_it_runs(
         wait_for(lambda: "\nfirst\n" in text(), timeout_s=60, what="the warm-up's first line")
         assert not started.done()
         assert "\nsecond\n" not in text()
-        container = _lease_containers(docker_client, spec.lease_id)[0]
+        container = lease_containers(docker_client, spec.lease_id)[0]
         container.exec_run(["touch", "/www/go"])
         started.result(timeout=60)
 
@@ -398,7 +354,7 @@ def test_failing_warm_up_removes_the_container(
     with pytest.raises(ContainerError, match=r"exit code 3(?s:.*)still cold"):
         runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
 
-    assert _lease_containers(docker_client, spec.lease_id) == []
+    assert lease_containers(docker_client, spec.lease_id) == []
 
 
 def test_container_exiting_before_its_port_answers_fails_with_code_and_logs(
@@ -409,7 +365,7 @@ def test_container_exiting_before_its_port_answers_fails_with_code_and_logs(
     with pytest.raises(ContainerError, match=r"code 4(?s:.*)crashed on purpose"):
         runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
 
-    assert _lease_containers(docker_client, spec.lease_id) == []
+    assert lease_containers(docker_client, spec.lease_id) == []
 
 
 def test_port_that_never_answers_times_out(
@@ -573,7 +529,7 @@ def test_a_network_of_that_name_letting_containers_talk_is_refused(
     with pytest.raises(ContainerError, match=f"docker network rm {private_network}"):
         runtime.run(spec, [0], agent_id=agent_id, ready_timeout_s=30)
 
-    assert _lease_containers(docker_client, spec.lease_id) == []
+    assert lease_containers(docker_client, spec.lease_id) == []
 
 
 def test_remove_is_idempotent_and_keeps_the_cache_volume(
@@ -586,8 +542,8 @@ def test_remove_is_idempotent_and_keeps_the_cache_volume(
     assert runtime.remove(spec.lease_id) is False
 
     assert runtime.find(spec.lease_id) is None
-    volume = docker_client.volumes.get(f"cloudgpu-cache-{_cache_name(agent_id)}")
-    assert volume.attrs["Labels"] == {"cloudgpu.cache": _cache_name(agent_id)}
+    volume = docker_client.volumes.get(f"cloudgpu-cache-{cache_name(agent_id)}")
+    assert volume.attrs["Labels"] == {"cloudgpu.cache": cache_name(agent_id)}
 
 
 @pytest.fixture
@@ -633,7 +589,7 @@ def test_a_renter_volume_keeps_its_files_for_the_next_lease(
     }
     mounts = docker_client.api.inspect_container(result.container_id)["Mounts"]
     assert sorted((m["Type"], m["Name"], m["Destination"]) for m in mounts) == [
-        ("volume", f"cloudgpu-cache-{_cache_name(agent_id)}", "/cache"),
+        ("volume", f"cloudgpu-cache-{cache_name(agent_id)}", "/cache"),
         ("volume", f"cloudgpu-{renter_volume}", "/data"),
     ]
 
@@ -711,119 +667,3 @@ def test_a_cache_volume_shared_between_renters_is_refused(
     spec = make_spec(cache_volume=CacheVolume(name="template-comfyui", path="/root"))
 
     _refused(runtime, spec, agent_id, "shared between renters")
-
-
-def test_a_lease_is_limited_to_its_gpus_share_of_memory_and_cpus(
-    docker_client: Any, make_spec: SpecFactory, agent_id: str
-) -> None:
-    gib = 1024**3
-    cpus = HostResources.read().cpus
-    limited = ContainerRuntime(
-        docker_client,
-        gpu_devices="none",
-        host_gpus=4,
-        # Docker refuses a CPU limit above the CPUs it has: this machine's count, memory made up.
-        host=HostResources(memory_bytes=64 * gib, cpus=cpus),
-        reserve=Reserve(memory_bytes=8 * gib, cpus=0.0),
-        allow_local_images=True,
-    )
-
-    container_id = limited.create(make_spec(), [0, 1], agent_id=agent_id)
-
-    config = docker_client.api.inspect_container(container_id)["HostConfig"]
-    assert config["Memory"] == 28 * gib  # (64 - 8) * 2/4
-    assert config["MemorySwap"] == 28 * gib  # no swap on top
-    assert config["NanoCpus"] == int(max(0.5, cpus * 2 / 4) * 1e9)
-    assert {u["Name"]: (u["Soft"], u["Hard"]) for u in config["Ulimits"]} == {
-        "nofile": (nofile_limit(), nofile_limit()),
-        "core": (0, 0),
-    }
-
-
-def test_a_memory_bomb_is_oom_killed_inside_its_limit(
-    docker_client: Any, make_spec: SpecFactory, agent_id: str
-) -> None:
-    # 512 MiB for the lease (the floor); the bomb asks for 800 MiB.
-    small = ContainerRuntime(
-        docker_client,
-        gpu_devices="none",
-        stop_grace_s=1,
-        host_gpus=8,
-        host=HostResources(memory_bytes=1024**3, cpus=2.0),
-        reserve=Reserve(memory_bytes=0, cpus=0.0),
-        allow_local_images=True,
-    )
-    bomb = ("dd", "if=/dev/zero", "of=/dev/null", "bs=800M", "count=1")
-    result = small.run(make_spec(ports=(), command=bomb), [0], agent_id=agent_id)
-
-    code, _, oom_killed = wait_for(
-        lambda: small.exit_info(result.container_id), timeout_s=60, what="the bomb to end"
-    )
-
-    assert (code, oom_killed) == (137, True)
-
-
-def test_a_fork_bomb_stops_at_the_pids_limit(
-    docker_client: Any, make_spec: SpecFactory, agent_id: str
-) -> None:
-    few = ContainerRuntime(
-        docker_client, gpu_devices="none", stop_grace_s=1, pids_limit=40, allow_local_images=True
-    )
-    # 200 sleepers wanted: the kernel refuses the fork past the limit (and the shell gives up).
-    bomb = "sleep 1; i=0; while [ $i -lt 200 ]; do sleep 600 & i=$((i+1)); done; sleep 600"
-    result = few.run(make_spec(ports=(), command=("sh", "-c", bomb)), [0], agent_id=agent_id)
-    container = docker_client.containers.get(result.container_id)
-
-    wait_for(lambda: b"can't fork" in container.logs(), timeout_s=60, what="a refused fork")
-
-    assert docker_client.api.inspect_container(result.container_id)["HostConfig"]["PidsLimit"] == 40
-
-
-def _toolkit_on_path(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, version: str) -> None:
-    # The NVIDIA toolkit's own CLI is part of the GPU stack this machine lacks: a stand-in that
-    # answers `--version` as the real one does.
-    tool = tmp_path / "nvidia-ctk"
-    tool.write_text(f"#!/bin/sh\necho 'NVIDIA Container Toolkit CLI version {version}'\n")
-    tool.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-
-
-def test_a_toolkit_with_the_container_escape_takes_no_gpu_rentals(
-    docker_client: Any,
-    make_spec: SpecFactory,
-    agent_id: str,
-    tmp_path: Any,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    _toolkit_on_path(tmp_path, monkeypatch, "1.17.7")
-    spec = make_spec()
-
-    with pytest.raises(ContainerError, match=r"1\.17\.7, older than 1\.17\.8(?s:.*)CVE-2025-23266"):
-        ContainerRuntime(docker_client, gpu_devices="nvidia", allow_local_images=True).run(
-            spec, [0], agent_id=agent_id
-        )
-    assert _lease_containers(docker_client, spec.lease_id) == []
-
-    # The supplier who accepts the risk gets as far as Docker (which has no NVIDIA runtime here).
-    accepted = ContainerRuntime(
-        docker_client, gpu_devices="nvidia", toolkit_risk_accepted=True, allow_local_images=True
-    )
-    with pytest.raises(ContainerError, match="cannot give containers GPUs"):
-        accepted.run(spec, [0], agent_id=agent_id)
-
-
-def test_a_fixed_toolkit_is_no_obstacle(
-    docker_client: Any,
-    make_spec: SpecFactory,
-    agent_id: str,
-    tmp_path: Any,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    _toolkit_on_path(tmp_path, monkeypatch, "1.17.8")
-
-    with pytest.raises(ContainerError) as refused:
-        ContainerRuntime(docker_client, gpu_devices="nvidia", allow_local_images=True).run(
-            make_spec(), [0], agent_id=agent_id
-        )
-
-    assert "CVE-2025-23266" not in str(refused.value)  # only Docker's lack of GPUs stops it
