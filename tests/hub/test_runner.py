@@ -109,19 +109,23 @@ def _demo_passwords(run: Runner) -> dict[str, str]:
     return dict(_PASSWORD.findall(run.text()))
 
 
+def _sign_in(client: httpx.Client, username: str, password: str) -> httpx.Response:
+    client.get("/admin/login/")
+    return client.post(
+        "/admin/login/?next=/admin/",
+        data={
+            "username": username,
+            "password": password,
+            "csrfmiddlewaretoken": client.cookies["csrftoken"],
+            "next": "/admin/",
+        },
+        headers={"Referer": f"{str(client.base_url).rstrip('/')}/admin/login/"},
+    )
+
+
 def _admin_login(base_url: str, username: str, password: str) -> httpx.Response:
     with httpx.Client(base_url=base_url, follow_redirects=True, timeout=30) as client:
-        client.get("/admin/login/")
-        return client.post(
-            "/admin/login/?next=/admin/",
-            data={
-                "username": username,
-                "password": password,
-                "csrfmiddlewaretoken": client.cookies["csrftoken"],
-                "next": "/admin/",
-            },
-            headers={"Referer": f"{base_url}/admin/login/"},
-        )
+        return _sign_in(client, username, password)
 
 
 @contextmanager
@@ -129,17 +133,8 @@ def _signed_in_admin(base_url: str, password: str) -> Iterator[httpx.Client]:
     """A client signed in once: a sign-in is a million PBKDF2 rounds on the hub (most of a
     second of its CPU here), too dear to repeat at every poll of a page."""
     with httpx.Client(base_url=base_url, follow_redirects=True, timeout=30) as client:
-        client.get("/admin/login/")
-        page = client.post(
-            "/admin/login/",
-            data={
-                "username": "admin",
-                "password": password,
-                "csrfmiddlewaretoken": client.cookies["csrftoken"],
-                "next": "/admin/",
-            },
-            headers={"Referer": f"{base_url}/admin/login/"},
-        )
+        page = _sign_in(client, "admin", password)
+        assert page.status_code == 200
         assert "Run the market | CloudGPU admin" in page.text  # the signed-in admin index
         yield client
 
